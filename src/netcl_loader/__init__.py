@@ -1,0 +1,1 @@
+"""netcl_loader."""

@@ -1,0 +1,261 @@
+# cython: language_level=3
+"""Compiled core of the ring: shared-memory segments, slot states and waits.
+
+Why in C: slot states are changed by several processes at once and must be
+lock-free atomics with acquire/release ordering; waits must sleep on the state
+word itself (a futex) without holding the GIL.  Python has neither.
+"""
+from cpython.buffer cimport PyBUF_FORMAT
+from libc.stdint cimport uint32_t, uint64_t, intptr_t
+
+import os
+import sys
+
+FREE = NETCL_FREE
+ASSIGNED = NETCL_ASSIGNED
+READY = NETCL_READY
+PIPED = NETCL_PIPED
+CANCELLED = NETCL_CANCELLED
+
+PAGE_BYTES = netcl_page_size()
+
+
+class SharedMemoryError(MemoryError):
+    """Shared memory could not be had: the message names the bytes and a remedy."""
+
+
+cdef class Segment:
+    """One region of unnamed shared memory, mapped read-write.
+
+    Ownership: the process that created the segment owns its handle and
+    closes it when the object dies; a process that attached it closes its copy
+    of the handle at once (the mapping outlives the handle).  The mapping is
+    removed when the object dies, which cannot happen while a NumPy array made
+    from it (through the buffer protocol) is alive.
+    """
+
+    def __cinit__(self):
+        self.shm.addr = NULL
+        self.shm.size = 0
+        self.shm.handle = -1
+        self.owns_handle = False
+        self.exports = 0
+        self.nbytes = 0
+
+    @staticmethod
+    def create(size_t nbytes):
+        """Create and reserve ``nbytes`` (every page allocated and touched now)."""
+        cdef Segment seg = Segment.__new__(Segment)
+        cdef char err[256]
+        cdef int rc
+        err[0] = 0
+        with nogil:
+            rc = netcl_shm_create(&seg.shm, nbytes, err, sizeof(err))
+        if rc != 0:
+            raise SharedMemoryError(
+                f"could not reserve {nbytes} bytes of shared memory: "
+                f"{err.decode('utf-8', 'replace')}. Remedy: free memory, raise the memory "
+                f"limit of this container or cgroup (or /dev/shm, e.g. docker run "
+                f"--shm-size), or ask for less (smaller batch_size or prefetch).")
+        seg.owns_handle = True
+        seg.nbytes = nbytes
+        return seg
+
+    @staticmethod
+    def attach(intptr_t handle, size_t nbytes, bint close_handle=True):
+        """Map a segment from a handle received from its creator."""
+        cdef Segment seg = Segment.__new__(Segment)
+        cdef char err[256]
+        cdef int rc
+        err[0] = 0
+        rc = netcl_shm_attach(&seg.shm, handle, nbytes, err, sizeof(err))
+        if rc != 0:
+            raise OSError(rc, f"could not map shared memory: {err.decode('utf-8', 'replace')}")
+        if close_handle:
+            netcl_shm_close_handle(handle)
+            seg.shm.handle = -1
+        seg.nbytes = nbytes
+        return seg
+
+    @property
+    def handle(self):
+        """The fd (POSIX) or HANDLE (Windows) to pass to other processes; -1 if closed."""
+        return self.shm.handle
+
+    @property
+    def address(self):
+        return <size_t>self.shm.addr
+
+    def __reduce__(self):
+        # Only for starting a worker by spawn/forkserver: the handle travels
+        # with the process (multiprocessing's DupFd), never as a name.
+        from multiprocessing import reduction
+        if self.shm.handle < 0:
+            raise TypeError("this Segment no longer has a handle to share")
+        if sys.platform == "win32":
+            from multiprocessing import context
+            popen = context.get_spawning_popen()
+            if popen is None:
+                raise TypeError("a Segment can only be pickled while starting a process")
+            return (_attach_windows, (popen.duplicate_for_child(self.shm.handle), self.nbytes))
+        return (_attach_fd, (reduction.DupFd(self.shm.handle), self.nbytes))
+
+    def __getbuffer__(self, Py_buffer *buf, int flags):
+        if self.shm.addr == NULL:
+            raise ValueError("the shared-memory segment is closed")
+        buf.buf = self.shm.addr
+        buf.obj = self
+        buf.len = <Py_ssize_t>self.nbytes
+        buf.readonly = 0
+        buf.itemsize = 1
+        if flags & PyBUF_FORMAT:
+            buf.format = b"B"
+        else:
+            buf.format = NULL
+        buf.ndim = 1
+        buf.shape = NULL
+        buf.strides = NULL
+        buf.suboffsets = NULL
+        buf.internal = NULL
+        self.exports += 1
+
+    def __releasebuffer__(self, Py_buffer *buf):
+        self.exports -= 1
+
+    def __dealloc__(self):
+        if self.shm.addr != NULL:
+            netcl_shm_unmap(&self.shm)
+        if self.owns_handle and self.shm.handle >= 0:
+            netcl_shm_close_handle(self.shm.handle)
+        self.shm.handle = -1
+
+
+def _attach_fd(dupfd, size_t nbytes):
+    return Segment.attach(dupfd.detach(), nbytes)
+
+
+def _attach_windows(handle, size_t nbytes):
+    return Segment.attach(handle, nbytes)
+
+
+cdef class RingHeader:
+    """The header region of a ring: slot states, the wake word and the token.
+
+    All state changes are atomics on 32-bit words; every publish bumps the
+    ring's ``gen`` word and wakes the processes sleeping on it, so one wait
+    serves "a slot became ready", "a slot became free" and "stop".
+    """
+
+    def __cinit__(self, Segment segment, uint32_t nslots, bint init):
+        if segment.nbytes < <size_t>(NETCL_LINE * (1 + nslots)):
+            raise ValueError(f"header segment of {segment.nbytes} bytes is too small for {nslots} slots")
+        self.segment = segment
+        self.hdr = <netcl_ring_header_t *>segment.shm.addr
+        self.nslots = nslots
+        if init:
+            self.hdr.magic = NETCL_RING_MAGIC
+            self.hdr.version = NETCL_RING_VERSION
+            self.hdr.nslots = nslots
+            netcl_store_seq(&self.hdr.gen, 0)
+            netcl_store_seq(&self.hdr.waiters, 0)
+            netcl_store_seq(&self.hdr.token, 0)
+            for i in range(nslots):
+                s = netcl_slot(self.hdr, i)
+                s.token = 0
+                s.owner = 0
+                s.seq = 0
+                s.meta_off = s.meta_len = s.used = s.needed = s.capacity = 0
+                netcl_store_seq(&s.state, NETCL_FREE)
+        elif self.hdr.magic != NETCL_RING_MAGIC or self.hdr.nslots != nslots:
+            raise ValueError("shared memory does not hold a ring header of this size")
+
+    @staticmethod
+    def header_bytes(uint32_t nslots):
+        return NETCL_LINE * (1 + nslots)
+
+    def __reduce__(self):
+        return (RingHeader, (self.segment, self.nslots, False))
+
+    cdef netcl_slot_header_t *slot(self, uint32_t i) except NULL:
+        if i >= self.nslots:
+            raise IndexError(f"slot {i} out of range for a ring of {self.nslots} slots")
+        return netcl_slot(self.hdr, i)
+
+    # -- slot state ----------------------------------------------------
+    cpdef uint32_t state(self, uint32_t i):
+        return netcl_load_acquire(&self.slot(i).state)
+
+    cpdef bint claim(self, uint32_t i, uint32_t expected, uint32_t desired):
+        """Compare-and-swap the state of slot ``i``; True when it changed."""
+        return netcl_cas(&self.slot(i).state, expected, desired)
+
+    cpdef void publish(self, uint32_t i, uint32_t new_state):
+        """Release-store the state of slot ``i``, then wake every waiter."""
+        netcl_store_release(&self.slot(i).state, new_state)
+        netcl_fetch_add(&self.hdr.gen, 1)
+        if netcl_load_seq(&self.hdr.waiters) != 0:
+            netcl_wake_all(&self.hdr.gen)
+
+    def wake(self):
+        """Bump the wake word and wake every waiter (used to interrupt waits)."""
+        netcl_fetch_add(&self.hdr.gen, 1)
+        netcl_wake_all(&self.hdr.gen)
+
+    cpdef uint32_t gen(self):
+        return netcl_load_seq(&self.hdr.gen)
+
+    cpdef int wait_gen(self, uint32_t seen, int timeout_ms):
+        """Sleep until the wake word differs from ``seen`` or ``timeout_ms`` passes.
+
+        Returns 0 when woken, 1 on timeout.  The caller reads ``gen()``, checks
+        its condition, then calls this with the value it read: a publish in
+        between changes the word and the wait returns at once.
+        """
+        cdef int rc = 0
+        netcl_fetch_add(&self.hdr.waiters, 1)
+        if netcl_load_seq(&self.hdr.gen) == seen:
+            with nogil:
+                rc = netcl_wait_u32(&self.hdr.gen, seen, timeout_ms)
+        netcl_fetch_add(&self.hdr.waiters, <uint32_t>-1)
+        return rc
+
+    # -- the consumer's iteration token --------------------------------
+    cpdef uint32_t token(self):
+        return netcl_load_acquire(&self.hdr.token)
+
+    cpdef void set_token(self, uint32_t token):
+        netcl_store_release(&self.hdr.token, token)
+
+    # -- slot fields (plain; ordered by the state word) -----------------
+    def set_task(self, uint32_t i, uint32_t token, uint64_t seq, uint32_t owner):
+        cdef netcl_slot_header_t *s = self.slot(i)
+        s.token = token
+        s.seq = seq
+        s.owner = owner
+        s.meta_off = s.meta_len = s.used = s.needed = 0
+
+    def set_result(self, uint32_t i, uint64_t meta_off, uint64_t meta_len,
+                   uint64_t used, uint64_t needed):
+        cdef netcl_slot_header_t *s = self.slot(i)
+        s.meta_off = meta_off
+        s.meta_len = meta_len
+        s.used = used
+        s.needed = needed
+
+    def set_capacity(self, uint32_t i, uint64_t capacity):
+        self.slot(i).capacity = capacity
+
+    def info(self, uint32_t i):
+        """(state, token, seq, owner, meta_off, meta_len, used, needed, capacity)."""
+        cdef netcl_slot_header_t *s = self.slot(i)
+        cdef uint32_t st = netcl_load_acquire(&s.state)
+        return (st, s.token, s.seq, s.owner, s.meta_off, s.meta_len, s.used, s.needed,
+                s.capacity)
+
+    cpdef tuple result(self, uint32_t i):
+        """(meta_off, meta_len, needed) of a published slot."""
+        cdef netcl_slot_header_t *s = self.slot(i)
+        return (s.meta_off, s.meta_len, s.needed)
+
+    cpdef uint64_t capacity(self, uint32_t i):
+        return self.slot(i).capacity
