@@ -31,7 +31,8 @@ typedef struct {
     uint32_t gen;      /* bumped on every publish: the word that waiters sleep on */
     uint32_t waiters;  /* processes sleeping on gen: wakes are skipped when 0 */
     uint32_t token;    /* the consumer's current iteration; older tasks are stale */
-    uint32_t pad[10];
+    uint32_t ticket;   /* next sequence number for producers that claim slots themselves */
+    uint32_t pad[9];
 } netcl_ring_header_t;
 
 typedef struct {

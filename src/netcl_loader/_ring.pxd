@@ -42,6 +42,7 @@ cdef extern from "netcl_ring.h" nogil:
         uint32_t gen
         uint32_t waiters
         uint32_t token
+        uint32_t ticket
     ctypedef struct netcl_slot_header_t:
         uint32_t state
         uint32_t token
@@ -76,3 +77,4 @@ cdef class RingHeader:
     cpdef void set_token(self, uint32_t token)
     cpdef tuple result(self, uint32_t i)
     cpdef uint64_t capacity(self, uint32_t i)
+    cpdef uint32_t next_ticket(self)

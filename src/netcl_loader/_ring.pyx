@@ -159,6 +159,7 @@ cdef class RingHeader:
             netcl_store_seq(&self.hdr.gen, 0)
             netcl_store_seq(&self.hdr.waiters, 0)
             netcl_store_seq(&self.hdr.token, 0)
+            netcl_store_seq(&self.hdr.ticket, 0)
             for i in range(nslots):
                 s = netcl_slot(self.hdr, i)
                 s.token = 0
@@ -259,3 +260,7 @@ cdef class RingHeader:
 
     cpdef uint64_t capacity(self, uint32_t i):
         return self.slot(i).capacity
+
+    cpdef uint32_t next_ticket(self):
+        """A ring-wide increasing number, for producers that claim slots themselves."""
+        return netcl_fetch_add(&self.hdr.ticket, 1)

@@ -1,0 +1,972 @@
+"""DataLoader: batches from a map-style dataset, made by a persistent pool of worker processes."""
+from __future__ import annotations
+
+import math
+import multiprocessing
+import numbers
+import os
+import pickle
+import signal
+import sys
+import time
+import warnings
+import weakref
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ._ring import ASSIGNED, CANCELLED, FREE, PIPED, READY
+from ._worker import (FLAG_PICKLED_INDICES, KIND_REMAP, KIND_STOP, KIND_TASK, TASK_HEADER,
+                      build_batch, rebuild_error, worker_loop)
+from .shared_batch import WAIT_SLICE_MS, OutputPool, SharedBatchRingBuffer, decode
+
+__all__ = ["DataLoader", "WorkerError", "LoaderStats"]
+
+#: Seconds a worker gets to exit after STOP before it is terminated, then killed.
+JOIN_SECONDS = 2.0
+#: Seconds between liveness checks of the workers while waiting for a batch.
+LIVENESS_CHECK_SECONDS = 0.05
+#: Headroom given to a slot that grows, so that slightly larger batches fit.
+SLOT_GROWTH = 1.25
+#: State dict format.
+STATE_VERSION = 1
+
+
+class WorkerError(RuntimeError):
+    """A worker process died (signal, ``os._exit``, OOM kill); names its pid and signal or exit code."""
+
+    def __init__(self, message, pid=None, exitcode=None):
+        super().__init__(message)
+        self.pid = pid
+        self.exitcode = exitcode
+
+
+class _Default(int):
+    """A default value that remembers it was not passed (shows as its value)."""
+
+    def __repr__(self):
+        return self._shown
+
+    @classmethod
+    def make(cls, value, shown=None):
+        obj = cls(value)
+        obj._shown = shown if shown is not None else repr(value)
+        return obj
+
+
+_BATCH_SIZE_DEFAULT = _Default.make(32)
+_SHUFFLE_DEFAULT = _Default.make(1, "True")
+_DROP_LAST_DEFAULT = _Default.make(0, "False")
+
+
+@dataclass
+class LoaderStats:
+    """Counters of one DataLoader (``loader.stats``)."""
+
+    batches: int = 0
+    samples: int = 0
+    epochs: int = 0
+    wait_seconds: float = 0.0      # main process blocked waiting for batches
+    wall_seconds: float = 0.0      # from the first batch requested to the last one delivered
+    ring_slots: int = 0
+    ring_bytes: int = 0
+    piped_batches: int = 0         # batches that came through a pipe (too big for their slot, or use_shared_mem=False)
+    uploads: int = 0
+    upload_fallbacks: int = 0
+    worker_restarts: int = 0
+
+    @property
+    def wait_fraction(self):
+        """Share of wall time the main process waited for batches (1.0: the loader is the bottleneck)."""
+        return self.wait_seconds / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    def as_dict(self):
+        d = asdict(self)
+        d["wait_fraction"] = self.wait_fraction
+        return d
+
+    def summary(self):
+        """One line for humans."""
+        verdict = ("the loader is the bottleneck" if self.wait_fraction > 0.5 else
+                   "the training step is the bottleneck")
+        return (f"{self.batches} batches ({self.samples} samples) in {self.epochs} epochs; "
+                f"waited {self.wait_seconds:.3f} s of {self.wall_seconds:.3f} s "
+                f"({100 * self.wait_fraction:.1f}%: {verdict}); ring {self.ring_slots} slots, "
+                f"{self.ring_bytes / 2**20:.1f} MiB; {self.piped_batches} piped; "
+                f"{self.uploads} uploads, {self.upload_fallbacks} fallbacks; "
+                f"{self.worker_restarts} worker restarts")
+
+    def __str__(self):
+        return self.summary()
+
+
+def _check_positive_int(name, value, minimum=1):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise (TypeError if not isinstance(value, numbers.Integral) or isinstance(value, bool)
+               else ValueError)(f"{name} must be {what}, got {value!r}")
+    return int(value)
+
+
+def _check_callable(name, value):
+    if value is not None and not callable(value):
+        raise TypeError(f"{name} must be callable or None, got {value!r} of type {type(value).__name__}")
+
+
+class DataLoader:
+    """Batches from a map-style dataset, made by a persistent pool of worker processes.
+
+    Workers fetch samples, stack them straight into a slot of a shared-memory
+    ring (one memcpy per sample, without the GIL), run ``transforms`` and
+    publish the slot; the main process hands the batch to the training loop as
+    NumPy arrays, or, with an OpenCL queue bound (:meth:`bind_queue`), as
+    device arrays whose upload overlaps the previous step.
+
+    Parameters
+    ----------
+    dataset : map-style dataset
+        Has ``__len__`` and ``__getitem__`` (and optionally ``__getitems__``).
+    batch_size : int, default 32
+    shuffle : bool, default True
+        A new permutation each epoch, drawn from ``seed`` and the epoch alone.
+    drop_last : bool, default False
+        Drop the last, smaller batch.
+    num_workers : int, default 4
+        Worker processes; 0 loads in the calling process.
+    prefetch : int, optional
+        Batches in flight; default ``max(2, 2 * num_workers)``.  The ring has
+        ``prefetch + 2`` slots.
+    seed : int, optional
+        Base seed of the order and of the workers' RNGs; drawn once per
+        loader when omitted.
+    transforms : callable or sequence of callables, optional
+        Run on each batch in the worker, as ``f(*batch)`` for a tuple batch and
+        ``f(batch)`` otherwise; each returns the new batch.
+    use_shared_mem : bool, default True
+        Move batches through the shared-memory ring (else through pipes).
+    sampler : iterable of indices, optional
+        Replaces the built-in order (PyTorch samplers work unchanged).
+    batch_sampler : iterable of index lists, optional
+        Replaces the built-in batching.
+    collate_fn : callable, optional
+        ``collate_fn(samples) -> batch``, run where the samples were fetched.
+    zero_copy : bool, default False
+        Yield read-only views into the ring slot, valid until the next batch
+        is requested, instead of arrays the caller owns.
+    in_order : bool, default True
+        Yield batches in order; ``False`` yields them as they finish.
+    timeout : float, optional
+        Seconds to wait for one batch before a TimeoutError.
+    worker_init_fn : callable, optional
+        ``worker_init_fn(worker_id)``, once in each new worker.
+    multiprocessing_context : str or context, optional
+        ``"fork"``, ``"spawn"``, ``"forkserver"`` or a context object; fork on
+        Linux, spawn elsewhere by default.
+    rank, world_size : int, optional
+        Distributed sharding as ``DistributedSampler`` does it (both or neither).
+    device_queue, async_transfer :
+        Deprecated: use :meth:`bind_queue`.
+
+    Examples
+    --------
+    >>> ds = ArrayDataset(np.random.rand(1000, 3, 32, 32).astype(np.float32),
+    ...                   np.random.randint(0, 10, 1000))
+    >>> with DataLoader(ds, batch_size=128, shuffle=True, num_workers=2, seed=0) as loader:
+    ...     for epoch in range(2):
+    ...         for x, y in loader:
+    ...             pass    # train on x (128, 3, 32, 32) float32 and y (128,) int64
+    """
+
+    def __init__(self, dataset, batch_size=_BATCH_SIZE_DEFAULT, shuffle=_SHUFFLE_DEFAULT,
+                 drop_last=_DROP_LAST_DEFAULT, num_workers=4, prefetch=None, seed=None,
+                 transforms=None, use_shared_mem=True, *, sampler=None, batch_sampler=None,
+                 collate_fn=None, zero_copy=False, in_order=True, timeout=None,
+                 worker_init_fn=None, multiprocessing_context=None, rank=None, world_size=None,
+                 device_queue=None, async_transfer=False):
+        self._closed = True  # until construction succeeds: __del__ must not act
+        if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+            raise TypeError(f"dataset must be a map-style dataset with __len__ and __getitem__, "
+                            f"got {type(dataset).__name__}")
+        passed_batch_size = not isinstance(batch_size, _Default)
+        passed_shuffle = shuffle is not _SHUFFLE_DEFAULT
+        passed_drop_last = drop_last is not _DROP_LAST_DEFAULT
+        if batch_sampler is not None:
+            conflicts = [n for n, p in (("batch_size", passed_batch_size), ("shuffle", passed_shuffle),
+                                        ("drop_last", passed_drop_last), ("sampler", sampler is not None))
+                         if p]
+            if conflicts:
+                raise ValueError(f"batch_sampler={batch_sampler!r} is mutually exclusive with "
+                                 f"{', '.join(conflicts)}: the batch sampler decides batching and order")
+            if not hasattr(batch_sampler, "__iter__"):
+                raise TypeError(f"batch_sampler must be an iterable of index lists, got {batch_sampler!r}")
+        if sampler is not None:
+            if passed_shuffle and shuffle:
+                raise ValueError(f"sampler={sampler!r} is mutually exclusive with shuffle=True: "
+                                 f"the sampler decides the order; pass shuffle=False or no shuffle")
+            if not hasattr(sampler, "__iter__"):
+                raise TypeError(f"sampler must be an iterable of indices, got {sampler!r}")
+        batch_size = _check_positive_int("batch_size", batch_size)
+        num_workers = _check_positive_int("num_workers", num_workers, minimum=0)
+        if prefetch is None:
+            prefetch = max(2, 2 * num_workers)
+        prefetch = _check_positive_int("prefetch", prefetch)
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+                raise TypeError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+            if not timeout > 0:
+                raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)
+                                 or seed < 0):
+            raise TypeError(f"seed must be a non-negative int or None, got {seed!r}")
+        if (rank is None) != (world_size is None):
+            raise ValueError(f"rank and world_size go together: got rank={rank!r}, "
+                             f"world_size={world_size!r}")
+        if world_size is not None:
+            world_size = _check_positive_int("world_size", world_size)
+            if isinstance(rank, bool) or not isinstance(rank, numbers.Integral) or not 0 <= rank < world_size:
+                raise ValueError(f"rank must be an int in [0, world_size={world_size}), got {rank!r}")
+            rank = int(rank)
+            if world_size > 1 and seed is None:
+                raise ValueError(f"seed is required when world_size={world_size} > 1, so that every "
+                                 f"rank draws the same order; got seed=None")
+            if world_size > 1 and (sampler is not None or batch_sampler is not None):
+                raise ValueError("rank/world_size shard the built-in order; with a sampler or "
+                                 "batch_sampler the sampler owns sharding (e.g. DistributedSampler), "
+                                 "so pass neither rank nor world_size")
+        if transforms is None:
+            transforms = ()
+        elif callable(transforms):
+            transforms = (transforms,)
+        else:
+            try:
+                transforms = tuple(transforms)
+            except TypeError:
+                raise TypeError(f"transforms must be a callable or a sequence of callables, "
+                                f"got {transforms!r}") from None
+            for t in transforms:
+                if not callable(t):
+                    raise TypeError(f"transforms must be callables; {t!r} of type "
+                                    f"{type(t).__name__} is not")
+        _check_callable("collate_fn", collate_fn)
+        _check_callable("worker_init_fn", worker_init_fn)
+        self._mp_context = self._resolve_context(multiprocessing_context)
+        if seed is None:
+            seed = int(np.random.SeedSequence().entropy % (1 << 63))
+
+        self.dataset = dataset
+        self.batch_size = batch_size if batch_sampler is None else None
+        self.shuffle = bool(shuffle) and sampler is None and batch_sampler is None
+        self.drop_last = bool(drop_last)
+        self.num_workers = num_workers
+        self.prefetch = prefetch
+        self.seed = int(seed)
+        self.transforms = transforms
+        self.use_shared_mem = bool(use_shared_mem)
+        self.sampler = sampler
+        self.batch_sampler = batch_sampler
+        self.collate_fn = collate_fn
+        self.zero_copy = bool(zero_copy)
+        self.in_order = bool(in_order)
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.rank = 0 if rank is None else rank
+        self.world_size = 1 if world_size is None else world_size
+        self._distributed = world_size is not None and world_size > 1
+
+        self._stats = LoaderStats()
+        self._pool = None
+        self._pool_dataset = None
+        self._pools_started = 0
+        self._next_epoch = 0
+        self._resume = None          # (epoch, done_prefix, extra_done) for the next iteration
+        self._active = None          # weakref to the running iterator
+        self._token = 0
+        self._queue = None
+        self._uploader = None
+        self._warned_upload = False
+        self._out_pool = OutputPool()
+        self._closed = False
+
+        if device_queue is not None:
+            warnings.warn("device_queue= is deprecated; call loader.bind_queue(queue) instead",
+                          DeprecationWarning, stacklevel=2)
+            self.bind_queue(device_queue)
+        elif async_transfer:
+            warnings.warn("async_transfer=True without a queue does nothing; bind an OpenCL "
+                          "queue with loader.bind_queue(queue) (async_transfer is deprecated)",
+                          DeprecationWarning, stacklevel=2)
+
+    # ------------------------------------------------------------------
+    @staticmethod
+    def _resolve_context(ctx):
+        if ctx is None:
+            method = "fork" if sys.platform.startswith("linux") else "spawn"
+            return multiprocessing.get_context(method)
+        if isinstance(ctx, str):
+            methods = multiprocessing.get_all_start_methods()
+            if ctx not in methods:
+                raise ValueError(f"multiprocessing_context={ctx!r} is not a start method of this "
+                                 f"platform; expected one of {methods}")
+            return multiprocessing.get_context(ctx)
+        if hasattr(ctx, "Process") and hasattr(ctx, "get_start_method"):
+            return ctx
+        raise TypeError(f"multiprocessing_context must be a start method name or a multiprocessing "
+                        f"context, got {ctx!r}")
+
+    @property
+    def multiprocessing_context(self):
+        return self._mp_context
+
+    @property
+    def stats(self):
+        """:class:`LoaderStats`: batches, samples, epochs, wait time, ring size, uploads, restarts."""
+        return self._stats
+
+    # -- order -----------------------------------------------------------
+    def _global_order(self, epoch):
+        n = len(self.dataset)
+        if self.shuffle:
+            return np.random.default_rng([self.seed, epoch]).permutation(n).astype(np.int64)
+        return np.arange(n, dtype=np.int64)
+
+    def _local_order(self, epoch):
+        order = self._global_order(epoch)
+        if self._distributed:
+            ws, n = self.world_size, len(order)
+            total = (n // ws) * ws if self.drop_last else -(-n // ws) * ws
+            # Wrap-around padding (or truncation), as DistributedSampler does.
+            order = np.resize(order, total) if total else order[:0]
+            order = order[self.rank::ws]
+        return order
+
+    def _batches(self, epoch):
+        """The index batches of one epoch, as int64 arrays (or lists from a batch sampler)."""
+        if self.batch_sampler is not None:
+            self._forward_epoch(self.batch_sampler, epoch)
+            for b in self.batch_sampler:
+                yield b
+            return
+        if self.sampler is not None:
+            self._forward_epoch(self.sampler, epoch)
+            batch = []
+            for i in self.sampler:
+                batch.append(i)
+                if len(batch) == self.batch_size:
+                    yield batch
+                    batch = []
+            if batch and not self.drop_last:
+                yield batch
+            return
+        order = self._local_order(epoch)
+        bs = self.batch_size
+        stop = len(order) - len(order) % bs if self.drop_last else len(order)
+        for start in range(0, stop, bs):
+            yield order[start:start + bs]
+
+    @staticmethod
+    def _forward_epoch(sampler, epoch):
+        set_epoch = getattr(sampler, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+
+    def __len__(self):
+        """Batches one epoch yields (on this rank)."""
+        if self.batch_sampler is not None:
+            return len(self.batch_sampler)
+        if self.sampler is not None:
+            n = len(self.sampler)
+        else:
+            n = len(self.dataset)
+            if self._distributed:
+                n = n // self.world_size if self.drop_last else -(-n // self.world_size)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def set_epoch(self, epoch):
+        """Set the epoch of the next iteration (it then counts up from there)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral) or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+        self._next_epoch = int(epoch)
+        self._resume = None
+
+    # -- resume --------------------------------------------------------------
+    def state_dict(self):
+        """The position of this loader, as a small JSON-serialisable dict.
+
+        Taken mid-epoch, :meth:`load_state_dict` on a new loader continues the
+        epoch with exactly the batches this one would have yielded next.
+        """
+        it = self._active() if self._active is not None else None
+        if it is not None and not it.finished:
+            epoch, prefix, extra = it.epoch, it.done_prefix, sorted(it.done_extra)
+        elif self._resume is not None:
+            epoch, prefix, extra = self._resume
+            extra = sorted(extra)
+        else:
+            epoch, prefix, extra = self._next_epoch, 0, []
+        return {"version": STATE_VERSION, "epoch": int(epoch), "batches_done": int(prefix),
+                "extra_done": [int(x) for x in extra], "seed": self.seed,
+                "dataset_len": len(self.dataset), "batch_size": self.batch_size,
+                "drop_last": self.drop_last, "shuffle": self.shuffle,
+                "world_size": self.world_size, "rank": self.rank}
+
+    def load_state_dict(self, state):
+        """Continue from ``state`` (from :meth:`state_dict`) at the next iteration.
+
+        Raises
+        ------
+        ValueError
+            When the state belongs to a differently configured loader (dataset
+            length, batch_size, drop_last, shuffle, world_size, rank), naming both values.
+        """
+        if not isinstance(state, dict):
+            raise TypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"state version {state.get('version')!r} is not {STATE_VERSION}")
+        mine = self.state_dict()
+        for key in ("dataset_len", "batch_size", "drop_last", "shuffle", "world_size", "rank"):
+            if state.get(key) != mine[key]:
+                raise ValueError(f"cannot resume: the state has {key}={state.get(key)!r} but this "
+                                 f"loader has {key}={mine[key]!r}")
+        self.seed = int(state["seed"])
+        prefix = int(state["batches_done"])
+        n_batches = len(self)
+        if not 0 <= prefix <= n_batches:
+            raise ValueError(f"cannot resume: batches_done={prefix} is outside [0, {n_batches}]")
+        self._next_epoch = int(state["epoch"])
+        self._resume = (int(state["epoch"]), prefix, set(int(x) for x in state.get("extra_done", [])))
+
+    # -- GPU -------------------------------------------------------------------
+    def bind_queue(self, queue):
+        """Upload every batch to ``queue``'s device while the last step runs (SPEC section 6).
+
+        Parameters
+        ----------
+        queue : pyopencl.CommandQueue or None
+            Float32 fields of each batch become ``pyopencl.array.Array``
+            objects filled by non-blocking copies (batches become
+            :class:`~netcl_loader.GpuBatch`); ``None`` unbinds.
+        """
+        if queue is None:
+            self._finish_uploads()
+            self._queue = None
+            self._uploader = None
+            return
+        from .gpu_batch import Uploader
+        self._finish_uploads()
+        self._uploader = Uploader(queue)
+        self._queue = queue
+
+    def _finish_uploads(self):
+        it = self._active() if self._active is not None else None
+        if it is not None:
+            it._wait_deferred()
+
+    # -- pool ------------------------------------------------------------------
+    def _get_pool(self):
+        if self._pool is not None and (self._pool_dataset is not self.dataset or not self._pool.alive):
+            self._shutdown_pool()
+        if self._pool is None:
+            if self._pools_started:
+                self._stats.worker_restarts += 1
+            self._pool = _Pool(self)
+            self._pool_dataset = self.dataset
+            self._pools_started += 1
+        return self._pool
+
+    def _shutdown_pool(self):
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+    @property
+    def worker_pids(self):
+        """Pids of the live worker processes (empty before the first iteration)."""
+        return [] if self._pool is None else [p.pid for p in self._pool.procs]
+
+    def __iter__(self):
+        if self._closed:
+            raise RuntimeError("this DataLoader is closed")
+        old = self._active() if self._active is not None else None
+        if old is not None:
+            old._abandon()
+        if self._resume is not None:
+            epoch, prefix, extra = self._resume
+            self._resume = None
+        else:
+            epoch, prefix, extra = self._next_epoch, 0, set()
+        self._next_epoch = epoch + 1
+        it = _Iter(self, epoch, prefix, extra)
+        self._active = weakref.ref(it)
+        return it
+
+    def close(self):
+        """End the worker pool and free the ring (idempotent; also on ``with`` exit and collection)."""
+        if self._closed:
+            return
+        old = self._active() if getattr(self, "_active", None) is not None else None
+        if old is not None:
+            old._abandon()
+        self._closed = True
+        self._shutdown_pool()
+        self._out_pool.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __getstate__(self):
+        raise TypeError("a DataLoader cannot be pickled: it owns processes and shared memory")
+
+    def __repr__(self):
+        return (f"DataLoader({type(self.dataset).__name__} of {len(self.dataset)}, "
+                f"batch_size={self.batch_size}, shuffle={self.shuffle}, num_workers={self.num_workers}, "
+                f"prefetch={self.prefetch}, seed={self.seed})")
+
+
+def _describe_exit(wid, pid, code):
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = "unknown signal"
+        return f"DataLoader worker {wid} (pid {pid}) was killed by signal {-code} ({name})"
+    return f"DataLoader worker {wid} (pid {pid}) exited unexpectedly with exit code {code}"
+
+
+def _shutdown(procs, conns):
+    """End worker processes: STOP, then terminate, then kill; close the pipes."""
+    stop = TASK_HEADER.pack(KIND_STOP, 0, 0, 0, 0, 0)
+    for c in conns:
+        try:
+            c.send_bytes(stop)
+        except (OSError, ValueError):
+            pass
+    deadline = time.monotonic() + JOIN_SECONDS
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.exitcode is None:
+            p.terminate()
+            p.join(0.5)
+        if p.exitcode is None:
+            p.kill()
+            p.join(0.5)
+    for c in conns:
+        try:
+            c.close()
+        except OSError:
+            pass
+
+
+class _Pool:
+    """The worker processes and the ring they write into.
+
+    Ownership: the main process owns the ring's memory and the slot
+    assignment (it hands a free slot with each task, and frees slots as it
+    consumes them); workers only fill the slot they were given and publish it.
+    """
+
+    def __init__(self, loader):
+        # No reference to the loader: the loader owns the pool, and its
+        # collection must close the pool.
+        self.stats = loader._stats
+        self.use_shared_mem = loader.use_shared_mem
+        ctx = loader._mp_context
+        nslots = loader.prefetch + 2
+        self.ring = SharedBatchRingBuffer(nslots, 0)
+        self.header = self.ring.header
+        self.free = list(range(nslots - 1, -1, -1))
+        self.slot_task = [None] * nslots      # (token, seq, worker id) of an assigned slot
+        self.slot_need = 0                    # bytes a slot should hold, learnt from batches
+        self.stash = {}                       # (token, seq) -> payload received early
+        self.procs, self.conns = [], []
+        self.alive = True
+        W = loader.num_workers
+        try:
+            for wid in range(W):
+                main_end, worker_end = ctx.Pipe(duplex=True)
+                p = ctx.Process(
+                    target=worker_loop, name=f"netcl_loader-worker-{wid}", daemon=True,
+                    args=(wid, W, worker_end, self.ring, loader.dataset, loader.collate_fn,
+                          loader.transforms, loader.worker_init_fn, loader.seed,
+                          loader.rank if loader._distributed else None, loader.use_shared_mem,
+                          os.getpid()))
+                self.procs.append(p)
+                self.conns.append(main_end)
+                p.start()
+                worker_end.close()
+        except BaseException:
+            _shutdown(self.procs, self.conns)
+            raise
+        # Runs at close(), at collection and at interpreter exit, whichever is first.
+        self._finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns)
+        loader._stats.ring_slots = nslots
+        loader._stats.ring_bytes = self.ring.nbytes
+
+    # -- slots -------------------------------------------------------------------
+    def grow(self, slot, nbytes):
+        """Give ``slot`` a larger region and hand it to every worker (before any task uses it)."""
+        from multiprocessing import reduction
+        seg = self.ring.grow(slot, nbytes)
+        msg = TASK_HEADER.pack(KIND_REMAP, 0, 0, seg.nbytes, slot, 0)
+        for p, c in zip(self.procs, self.conns):
+            c.send_bytes(msg)
+            reduction.send_handle(c, seg.handle, p.pid)
+        self.stats.ring_bytes = self.ring.nbytes
+
+    def dispatch(self, token, seq, epoch, indices):
+        slot = self.free.pop()
+        W = len(self.procs)
+        wid = seq % W
+        if self.use_shared_mem and self.ring.capacity(slot) < self.slot_need:
+            self.grow(slot, self.slot_need)
+        self.slot_task[slot] = (token, seq, wid)
+        self.header.set_task(slot, token, seq, wid + 1)
+        self.header.claim(slot, FREE, ASSIGNED)
+        if isinstance(indices, np.ndarray):
+            payload, flags = indices.tobytes(), 0
+        elif all(type(i) is int for i in indices):
+            payload, flags = np.asarray(indices, np.int64).tobytes(), 0
+        else:
+            payload, flags = pickle.dumps(list(indices)), FLAG_PICKLED_INDICES
+        self.conns[wid].send_bytes(TASK_HEADER.pack(KIND_TASK, flags, token, seq, slot, epoch) + payload)
+        return slot, wid
+
+    def release(self, slot):
+        self.slot_task[slot] = None
+        self.header.publish(slot, FREE)
+        self.free.append(slot)
+
+    def recv(self, wid, token, seq):
+        """The pipe payload of batch ``seq`` of iteration ``token`` from worker ``wid``."""
+        key = (token, seq)
+        if key in self.stash:
+            return self.stash.pop(key)
+        conn = self.conns[wid]
+        while True:
+            while not conn.poll(LIVENESS_CHECK_SECONDS):
+                self.check_alive()
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                self.check_alive(force=True)
+                raise
+            if (msg[1], msg[2]) == key:
+                return msg
+            if msg[1] == self.header.token():
+                self.stash[(msg[1], msg[2])] = msg
+
+    def reap(self, token):
+        """Free the slots of older iterations whose workers have finished with them."""
+        for slot, task in enumerate(self.slot_task):
+            if task is None or task[0] == token:
+                continue
+            st = self.header.state(slot)
+            if st == PIPED:
+                self.recv(task[2], task[0], task[1])
+            elif st not in (READY, CANCELLED):
+                continue
+            self.release(slot)
+
+    def check_alive(self, force=False):
+        for wid, p in enumerate(self.procs):
+            if p.exitcode is not None:
+                msg = _describe_exit(wid, p.pid, p.exitcode)
+                self.close()
+                raise WorkerError(msg, pid=p.pid, exitcode=p.exitcode)
+        if force:
+            self.close()
+            raise WorkerError("lost the connection to a DataLoader worker")
+
+    def close(self):
+        self.alive = False
+        self._finalizer()
+
+
+class _Iter:
+    """One epoch of batches."""
+
+    def __init__(self, loader, epoch, prefix, extra):
+        self.loader = loader
+        self.epoch = epoch
+        self.finished = False
+        self.done_prefix = prefix        # batches 0..prefix-1 are done
+        self.done_extra = set(extra)     # done batches past the prefix (in_order=False)
+        self.pending = {}                # seq -> (slot, worker id, n samples)
+        self.held = None                 # slot lent to the caller (zero_copy)
+        self.deferred = []               # (slot, GpuBatch): slot freed when its upload completes
+        self._last = None                # end of the previous next(), for wall time
+        self._tasks = self._numbered(loader._batches(epoch), prefix, self.done_extra)
+        self._tasks_left = True
+        self.pool = None
+        if loader.num_workers > 0:
+            self.pool = loader._get_pool()
+            loader._token = (loader._token + 1) & 0xFFFFFFFF
+            self.token = loader._token
+            self.pool.header.set_token(self.token)
+            self.pool.reap(self.token)
+            self._fill()
+
+    @staticmethod
+    def _numbered(batches, prefix, extra):
+        for seq, b in enumerate(batches):
+            if seq < prefix or seq in extra:
+                continue
+            yield seq, b
+
+    def __iter__(self):
+        return self
+
+    def __len__(self):
+        return len(self.loader) - self.done_prefix - len(self.done_extra)
+
+    # -- main loop ------------------------------------------------------------
+    def __next__(self):
+        if self.finished:
+            raise StopIteration
+        loader = self.loader
+        stats = loader._stats
+        now = time.perf_counter()
+        if self._last is None:
+            self._last = now
+        if self.pool is None:
+            return self._next_inline(now)
+        try:
+            self._release_held()
+            self._poll_deferred()
+            self._fill()
+            if not self.pending:
+                self._finish()
+                raise StopIteration
+            seq, slot, wid, n = self._wait()
+            state = self.pool.header.state(slot)
+            if state == READY:
+                batch = self._take_ready(slot)
+            else:  # PIPED
+                msg = self.pool.recv(wid, self.token, seq)
+                needed = self.pool.header.result(slot)[2]
+                if needed:
+                    stats.piped_batches += 1
+                    self.pool.slot_need = max(self.pool.slot_need, int(needed * SLOT_GROWTH))
+                elif not loader.use_shared_mem:
+                    stats.piped_batches += 1
+                self.pool.release(slot)
+                if msg[0] == "error":
+                    self._mark_done(seq)
+                    self._fill()
+                    raise rebuild_error(msg[3])
+                batch = self._upload_owned(msg[3])
+        except (WorkerError, EOFError, OSError):
+            self.finished = True
+            self.pending = {}
+            self.deferred = []
+            self.held = None
+            raise
+        self._mark_done(seq)
+        self._fill()
+        end = time.perf_counter()
+        stats.batches += 1
+        stats.samples += n
+        stats.wall_seconds += end - self._last
+        self._last = end
+        return batch
+
+    def _next_inline(self, now):
+        loader = self.loader
+        try:
+            seq, indices = next(self._tasks)
+        except StopIteration:
+            self._finish()
+            raise
+        batch = build_batch(loader.dataset, indices, loader.collate_fn, loader.transforms, np.empty)
+        self._mark_done(seq)
+        batch = self._upload_owned(batch)
+        end = time.perf_counter()
+        loader._stats.batches += 1
+        loader._stats.samples += len(indices)
+        loader._stats.wait_seconds += end - now
+        loader._stats.wall_seconds += end - self._last
+        self._last = end
+        return batch
+
+    def _mark_done(self, seq):
+        if seq == self.done_prefix:
+            self.done_prefix += 1
+            while self.done_prefix in self.done_extra:
+                self.done_extra.discard(self.done_prefix)
+                self.done_prefix += 1
+        else:
+            self.done_extra.add(seq)
+
+    def _fill(self):
+        pool = self.pool
+        while self._tasks_left and len(self.pending) < self.loader.prefetch and pool.free:
+            try:
+                seq, indices = next(self._tasks)
+            except StopIteration:
+                self._tasks_left = False
+                break
+            slot, wid = pool.dispatch(self.token, seq, self.epoch, indices)
+            self.pending[seq] = (slot, wid, len(indices))
+
+    def _wait(self):
+        """Sleep until the next batch (in order, or any with in_order=False) is published."""
+        loader, pool = self.loader, self.pool
+        header = pool.header
+        timeout = loader.timeout
+        t0 = time.perf_counter()
+        last_check = t0
+        target = min(self.pending) if loader.in_order else None
+        while True:
+            seen = header.gen()
+            if target is not None:
+                slot, wid, n = self.pending[target]
+                st = header.state(slot)
+                if st == READY or st == PIPED:
+                    found = target
+                    break
+            else:
+                found = None
+                for seq in sorted(self.pending):
+                    st = header.state(self.pending[seq][0])
+                    if st == READY or st == PIPED:
+                        found = seq
+                        break
+                if found is not None:
+                    break
+            now = time.perf_counter()
+            if timeout is not None and now - t0 >= timeout:
+                waiting = target if target is not None else min(self.pending)
+                slot, wid, _ = self.pending[waiting]
+                self._abandon()
+                raise TimeoutError(
+                    f"DataLoader timed out after timeout={timeout} s waiting for batch {waiting} "
+                    f"from worker {wid} (pid {pool.procs[wid].pid})")
+            if now - last_check >= LIVENESS_CHECK_SECONDS:
+                last_check = now
+                pool.check_alive()
+                pool.reap(self.token)
+            slice_ms = WAIT_SLICE_MS
+            if timeout is not None:
+                slice_ms = max(1, min(slice_ms, int((timeout - (now - t0)) * 1000) + 1))
+            if header.wait_gen(seen, slice_ms):
+                pool.check_alive()
+                last_check = time.perf_counter()
+        loader._stats.wait_seconds += time.perf_counter() - t0
+        slot, wid, n = self.pending.pop(found)
+        return found, slot, wid, n
+
+    # -- delivery -----------------------------------------------------------------
+    def _take_ready(self, slot):
+        loader, pool = self.loader, self.pool
+        meta_off, meta_len, _ = pool.header.result(slot)
+        seg = pool.ring.segment(slot)
+        if loader._uploader is not None:
+            views = decode(seg, meta_off, meta_len, copy=False)
+            try:
+                gb = loader._uploader.upload(views)
+            except Exception as exc:
+                self._upload_failed(exc)
+            else:
+                loader._stats.uploads += 1
+                self.deferred.append((slot, gb))
+                return gb
+        if loader.zero_copy:
+            self.held = slot
+            return decode(seg, meta_off, meta_len, copy=False)
+        batch = decode(seg, meta_off, meta_len, copy=True, out_pool=loader._out_pool)
+        pool.release(slot)
+        return batch
+
+    def _upload_owned(self, batch):
+        """Upload a batch whose arrays the loader owns (pipe path, num_workers=0)."""
+        loader = self.loader
+        if loader._uploader is None:
+            return batch
+        try:
+            gb = loader._uploader.upload(batch)
+        except Exception as exc:
+            self._upload_failed(exc)
+            return batch
+        loader._stats.uploads += 1
+        return gb
+
+    def _upload_failed(self, exc):
+        loader = self.loader
+        loader._stats.upload_fallbacks += 1
+        if not loader._warned_upload:
+            loader._warned_upload = True
+            warnings.warn(f"OpenCL upload failed ({type(exc).__name__}: {exc}); yielding NumPy "
+                          f"batches instead (counted in loader.stats.upload_fallbacks)",
+                          RuntimeWarning, stacklevel=4)
+
+    def _release_held(self):
+        if self.held is not None:
+            slot, self.held = self.held, None
+            self.pool.release(slot)
+
+    def _poll_deferred(self):
+        if self.deferred:
+            keep = []
+            for slot, gb in self.deferred:
+                if gb.ready():
+                    self.pool.release(slot)
+                else:
+                    keep.append((slot, gb))
+            self.deferred = keep
+        while not self.pool.free and self.deferred:
+            # Every slot waits on an upload: the oldest is the next to finish.
+            slot, gb = self.deferred.pop(0)
+            gb.wait()
+            self.pool.release(slot)
+
+    def _wait_deferred(self):
+        for slot, gb in self.deferred:
+            try:
+                gb.wait()
+            finally:
+                if self.pool is not None and self.pool is self.loader._pool:
+                    self.pool.release(slot)
+        self.deferred = []
+
+    # -- ending -----------------------------------------------------------------
+    def _finish(self):
+        if not self.finished:
+            self.finished = True
+            self.loader._stats.epochs += 1
+            self._cleanup()
+
+    def _abandon(self):
+        """End this iteration early; its batches still in flight are discarded later."""
+        if not self.finished:
+            self.finished = True
+            self._cleanup()
+
+    def _cleanup(self):
+        try:
+            self._wait_deferred()
+        except Exception:
+            pass
+        if self.pool is not None and self.pool is self.loader._pool and self.pool.alive:
+            if self.held is not None:
+                self._release_held()
+            # Slots still in flight belong to an old token now and are reaped
+            # by the next iteration; tell workers to skip their tasks.
+            self.loader._token = (self.loader._token + 1) & 0xFFFFFFFF
+            self.pool.header.set_token(self.loader._token)
+        self.held = None
+        self.pending = {}
+
+    def __del__(self):
+        try:
+            self._abandon()
+        except Exception:
+            pass

@@ -1,0 +1,172 @@
+"""Map-style datasets: ArrayDataset, Subset and random_split."""
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+__all__ = ["ArrayDataset", "Subset", "random_split"]
+
+
+def _as_index_array(indices, n):
+    """int64 indices checked against a dataset of length ``n``."""
+    idx = np.asarray(indices, dtype=np.int64)
+    if idx.size and (idx.min() < -n or idx.max() >= n):
+        bad = idx[(idx < -n) | (idx >= n)][0]
+        raise IndexError(f"index {int(bad)} is out of range for a dataset of length {n}")
+    return idx
+
+
+class ArrayDataset:
+    """A dataset over arrays that share their first dimension.
+
+    Sample ``i`` is ``tuple(a[i] for a in arrays)``.  The loader gathers whole
+    batches from it with one indexed copy per array, straight into the batch's
+    buffer (a ring slot), instead of fetching and stacking sample by sample.
+
+    Parameters
+    ----------
+    *arrays : array_like
+        At least one array; all with the same length along axis 0.
+
+    Examples
+    --------
+    >>> ds = ArrayDataset(np.zeros((10, 3), np.float32), np.arange(10))
+    >>> len(ds), ds[2][1]
+    (10, 2)
+    """
+
+    def __init__(self, *arrays):
+        if not arrays:
+            raise ValueError("ArrayDataset needs at least one array, got none")
+        arrs = []
+        for k, a in enumerate(arrays):
+            a = np.asarray(a)
+            if a.ndim == 0:
+                raise ValueError(f"ArrayDataset: array {k} is 0-dimensional; arrays need a first "
+                                 f"dimension to index samples by")
+            arrs.append(a)
+        n = len(arrs[0])
+        for k, a in enumerate(arrs):
+            if len(a) != n:
+                raise ValueError(
+                    f"ArrayDataset: all arrays must share their first dimension; array 0 has "
+                    f"{n} rows, array {k} has {len(a)}")
+        self.arrays = tuple(arrs)
+
+    def __len__(self):
+        return len(self.arrays[0])
+
+    def __getitem__(self, i):
+        return tuple(a[i] for a in self.arrays)
+
+    def __getitems__(self, indices):
+        idx = _as_index_array(indices, len(self))
+        cols = [np.take(a, idx, axis=0) for a in self.arrays]
+        return [tuple(c[j] for c in cols) for j in range(len(idx))]
+
+    def _gather_batch(self, indices, alloc):
+        """The batch of ``indices``, each array gathered into ``alloc``'s buffer."""
+        idx = _as_index_array(indices, len(self))
+        out = []
+        for a in self.arrays:
+            dst = alloc((len(idx),) + a.shape[1:], a.dtype)
+            # mode="wrap" is exact for checked indices (negative ones wrap as in
+            # Python) and, unlike the default, writes into `out` unbuffered.
+            np.take(a, idx, axis=0, out=dst, mode="wrap")
+            out.append(dst)
+        return tuple(out)
+
+    def __repr__(self):
+        shapes = ", ".join(f"{a.dtype}{list(a.shape)}" for a in self.arrays)
+        return f"ArrayDataset({shapes})"
+
+
+class Subset:
+    """The samples of ``dataset`` at ``indices``, in that order.
+
+    Parameters
+    ----------
+    dataset : map-style dataset
+    indices : sequence of int
+    """
+
+    def __init__(self, dataset, indices):
+        self.dataset = dataset
+        self.indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if len(self.indices):
+            _as_index_array(self.indices, len(dataset))
+
+    def __len__(self):
+        return len(self.indices)
+
+    def __getitem__(self, i):
+        return self.dataset[int(self.indices[i])]
+
+    def __getitems__(self, indices):
+        base = self.indices[np.asarray(indices, dtype=np.int64)].tolist()
+        getitems = getattr(self.dataset, "__getitems__", None)
+        if getitems is not None:
+            return getitems(base)
+        return [self.dataset[i] for i in base]
+
+    def __getattr__(self, name):
+        # Forward the batch fast path of the wrapped dataset, if it has one.
+        if name == "_gather_batch":
+            inner = getattr(self.dataset, "_gather_batch")
+
+            def gather(indices, alloc):
+                return inner(self.indices[np.asarray(indices, dtype=np.int64)], alloc)
+            return gather
+        raise AttributeError(name)
+
+    def __repr__(self):
+        return f"Subset({self.dataset!r}, {len(self)} indices)"
+
+
+def random_split(dataset, lengths, seed=None):
+    """Split ``dataset`` into non-overlapping random subsets.
+
+    Parameters
+    ----------
+    dataset : map-style dataset
+    lengths : sequence of int or float
+        Lengths summing to ``len(dataset)``, or fractions summing to 1; with
+        fractions each length is ``floor(n * f)`` and the remainder is dealt
+        one by one to the first subsets, as PyTorch's ``random_split`` does.
+    seed : int, optional
+        The split is a permutation drawn from ``seed``: the same seed gives
+        the same split.
+
+    Returns
+    -------
+    list of Subset
+    """
+    n = len(dataset)
+    lengths = list(lengths)
+    if not lengths:
+        raise ValueError("random_split: lengths is empty; give at least one length")
+    for v in lengths:
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or v < 0:
+            raise ValueError(f"random_split: lengths must be non-negative ints or fractions, "
+                             f"got {v!r} in {lengths!r}")
+    if math.isclose(sum(lengths), 1.0, abs_tol=1e-9) and sum(lengths) <= 1 and n != 1:
+        # Fractions (PyTorch's rule: lengths summing to 1 are fractions).
+        sizes = [int(math.floor(n * f)) for f in lengths]
+        for i in range(n - sum(sizes)):
+            sizes[i % len(sizes)] += 1
+    else:
+        if not all(float(v).is_integer() for v in lengths):
+            raise ValueError(f"random_split: lengths {lengths!r} are neither ints summing to "
+                             f"{n} nor fractions summing to 1")
+        sizes = [int(v) for v in lengths]
+        if sum(sizes) != n:
+            raise ValueError(f"random_split: lengths {lengths!r} sum to {sum(sizes)}, but the "
+                             f"dataset has {n} samples")
+    order = np.random.default_rng(seed).permutation(n)
+    out, start = [], 0
+    for s in sizes:
+        out.append(Subset(dataset, order[start:start + s]))
+        start += s
+    return out
