@@ -18,7 +18,7 @@ import numpy as np
 from ._ring import ASSIGNED, CANCELLED, FREE, PIPED, READY
 from ._worker import (FLAG_PICKLED_INDICES, KIND_REMAP, KIND_STOP, KIND_TASK, TASK_HEADER,
                       build_batch, rebuild_error, worker_loop)
-from .shared_batch import WAIT_SLICE_MS, OutputPool, SharedBatchRingBuffer, decode
+from .shared_batch import COPY, LEND, VIEW, WAIT_SLICE_MS, OutputPool, SharedBatchRingBuffer, decode
 
 __all__ = ["DataLoader", "WorkerError", "LoaderStats"]
 
@@ -28,6 +28,10 @@ JOIN_SECONDS = 2.0
 LIVENESS_CHECK_SECONDS = 0.05
 #: Headroom given to a slot that grows, so that slightly larger batches fit.
 SLOT_GROWTH = 1.25
+#: Slots whose memory may be lent to the caller at once (copy mode): a caller
+#: that keeps more batches than this gets copies instead, so prefetching
+#: never runs out of slots.
+MAX_LENT_SLOTS = 2
 #: State dict format.
 STATE_VERSION = 1
 
@@ -587,6 +591,7 @@ class _Pool:
         self.slot_task = [None] * nslots      # (token, seq, worker id) of an assigned slot
         self.slot_need = 0                    # bytes a slot should hold, learnt from batches
         self.stash = {}                       # (token, seq) -> payload received early
+        self.lent = {}                        # slot -> refcount of its region when lent
         self.procs, self.conns = [], []
         self.alive = True
         W = loader.num_workers
@@ -639,6 +644,17 @@ class _Pool:
             payload, flags = pickle.dumps(list(indices)), FLAG_PICKLED_INDICES
         self.conns[wid].send_bytes(TASK_HEADER.pack(KIND_TASK, flags, token, seq, slot, epoch) + payload)
         return slot, wid
+
+    def refs(self, slot):
+        """References to the region of ``slot`` (each array made from it holds one)."""
+        return sys.getrefcount(self.ring._segments[slot])
+
+    def reclaim_lent(self):
+        """Free lent slots whose arrays the caller has dropped."""
+        for slot, base in list(self.lent.items()):
+            if self.refs(slot) <= base:
+                del self.lent[slot]
+                self.release(slot)
 
     def release(self, slot):
         self.slot_task[slot] = None
@@ -742,6 +758,8 @@ class _Iter:
         try:
             self._release_held()
             self._poll_deferred()
+            if self.pool.lent:
+                self.pool.reclaim_lent()
             self._fill()
             if not self.pending:
                 self._finish()
@@ -868,9 +886,17 @@ class _Iter:
     def _take_ready(self, slot):
         loader, pool = self.loader, self.pool
         meta_off, meta_len, _ = pool.header.result(slot)
+        if not loader.zero_copy and loader._uploader is None and len(pool.lent) < MAX_LENT_SLOTS:
+            # Lend the slot: the caller gets writable arrays in it, and the slot
+            # is reused only once the caller has dropped every one of them.
+            # Cheaper than a copy, and the caller still owns what it gets.
+            base = pool.refs(slot)
+            batch = decode(pool.ring.segment(slot), meta_off, meta_len, LEND)
+            pool.lent[slot] = base
+            return batch
         seg = pool.ring.segment(slot)
         if loader._uploader is not None:
-            views = decode(seg, meta_off, meta_len, copy=False)
+            views = decode(seg, meta_off, meta_len, VIEW)
             try:
                 gb = loader._uploader.upload(views)
             except Exception as exc:
@@ -881,8 +907,8 @@ class _Iter:
                 return gb
         if loader.zero_copy:
             self.held = slot
-            return decode(seg, meta_off, meta_len, copy=False)
-        batch = decode(seg, meta_off, meta_len, copy=True, out_pool=loader._out_pool)
+            return decode(seg, meta_off, meta_len, VIEW)
+        batch = decode(seg, meta_off, meta_len, COPY, loader._out_pool)
         pool.release(slot)
         return batch
 

@@ -30,6 +30,9 @@ __all__ = ["SharedBatchRingBuffer", "SlotOverflowError", "SharedMemoryError"]
 
 #: Arrays in a slot start on a cache line, so that copies run at full speed.
 ARRAY_ALIGN_BYTES = 64
+#: Layouts remembered by writers and readers: batches of one loader repeat
+#: the same layout, so encoding and decoding it is a dictionary hit.
+_PLAN_CACHE_ENTRIES = 256
 #: Longest sleep in one wait before the caller's liveness checks run again.
 WAIT_SLICE_MS = 50
 
@@ -127,6 +130,13 @@ class _Ref(tuple):
     __slots__ = ()
 
 
+def _dtype_record(dtype):
+    """A dtype as the layout record stores it: its short string where that is exact."""
+    if dtype.fields is None and dtype.subdtype is None and dtype.metadata is None:
+        return dtype.str
+    return dtype
+
+
 class SlotWriter:
     """Hands out space in one slot's data region for the arrays of one batch.
 
@@ -166,7 +176,7 @@ class SlotWriter:
         if t is np.ndarray:
             hit = self.placed.get(id(batch))
             if hit is not None and hit[0] is batch:
-                return _Ref((hit[1], batch.dtype, batch.shape))
+                return _Ref((hit[1], _dtype_record(batch.dtype), batch.shape))
             if batch.dtype.hasobject or batch.size == 0:
                 return batch  # object references cannot live in shared memory
             dst = self.alloc(batch.shape, batch.dtype)
@@ -175,7 +185,7 @@ class SlotWriter:
                 return batch  # no room: the whole batch goes another way
             np.copyto(dst, batch, casting="no")
             off = hit[1]
-            return _Ref((off, batch.dtype, batch.shape))
+            return _Ref((off, _dtype_record(batch.dtype), batch.shape))
         if t is tuple:
             return tuple([self.encode(b) for b in batch])
         if t is list:
@@ -188,13 +198,37 @@ class SlotWriter:
             return self.encode(np.asarray(batch))
         return batch
 
+    def _signature(self, x):
+        """A hashable key of the layout of a batch all of whose arrays are
+        already in the slot, or None (then the record is built afresh)."""
+        t = type(x)
+        if t is np.ndarray:
+            hit = self.placed.get(id(x))
+            if hit is None or hit[0] is not x:
+                return None
+            return (hit[1], x.dtype, x.shape)
+        if t is tuple or t is list:
+            parts = [self._signature(b) for b in x]
+            return None if None in parts else (t, tuple(parts))
+        if t is dict:
+            parts = [(k, self._signature(v)) for k, v in x.items()]
+            return None if any(p[1] is None for p in parts) else (t, tuple(parts))
+        return None
+
     def finish(self, batch):
         """Write ``batch`` (arrays and record) into the slot.
 
         Returns ``(meta_off, meta_len, used)`` when it fit, or ``None`` when it
         did not, with ``self.needed`` holding the bytes it takes.
         """
-        record = pickle.dumps(self.encode(batch), protocol=pickle.HIGHEST_PROTOCOL)
+        key = self._signature(batch) if self.needed <= self.capacity else None
+        record = _records.get(key) if key is not None else None
+        if record is None:
+            record = pickle.dumps(self.encode(batch), protocol=pickle.HIGHEST_PROTOCOL)
+            if key is not None:
+                if len(_records) >= _PLAN_CACHE_ENTRIES:
+                    _records.clear()
+                _records[key] = record
         off = _align(self.needed)
         self.needed = off + len(record)
         if self.needed > self.capacity:
@@ -203,37 +237,103 @@ class SlotWriter:
         return off, len(record), self.needed
 
 
-def decode(segment, meta_off, meta_len, copy, out_pool=None):
-    """Rebuild a batch from its slot: copies (owned by the caller) or read-only views."""
-    record = pickle.loads(memoryview(segment)[meta_off:meta_off + meta_len])
-    return _rebuild(record, segment, copy, out_pool)
+#: Layout records of recent batches by their layout (the writer's side of the plan cache).
+_records = {}
 
 
-def _rebuild(x, segment, copy, out_pool):
-    t = type(x)
-    if t is _Ref:
-        off, dtype, shape = x
-        count = 1
-        for d in shape:
-            count *= d
-        view = np.frombuffer(segment, dtype, count, off).reshape(shape)
-        if copy:
-            out = out_pool.take(shape, dtype) if out_pool is not None else None
-            if out is None:
-                out = np.empty(shape, dtype)
-            np.copyto(out, view)
-            return out
-        view.flags.writeable = False
-        return view
+#: How decode() hands out the arrays of a slot.
+COPY = 0       # fresh arrays owned by the caller
+VIEW = 1       # read-only views, valid until the slot is freed
+LEND = 2       # writable views: the caller owns the slot until it drops them
+
+#: Layout records decoded recently, by their bytes.
+_plans = {}
+
+
+class _Leaf(int):
+    """Position of an array in a plan's leaf list."""
+
+    __slots__ = ()
+
+
+class _Plan:
+    """A decoded layout record: where each array lies, and the batch's structure."""
+
+    __slots__ = ("leaves", "tree", "flat", "cacheable")
+
+    def __init__(self, record):
+        self.leaves = []
+        self.cacheable = True
+        self.tree = self._compile(record)
+        self.flat = type(self.tree) is tuple and all(type(x) is _Leaf for x in self.tree)
+
+    def _compile(self, x):
+        t = type(x)
+        if t is _Ref:
+            off, dtype, shape = x
+            count = 1
+            for d in shape:
+                count *= d
+            self.leaves.append((off, np.dtype(dtype), shape, count))
+            return _Leaf(len(self.leaves) - 1)
+        if t is tuple:
+            return tuple([self._compile(b) for b in x])
+        if t is list:
+            return [self._compile(b) for b in x]
+        if t is dict:
+            return {k: self._compile(v) for k, v in x.items()}
+        if isinstance(x, tuple) and hasattr(t, "_fields"):
+            return t(*[self._compile(b) for b in x])
+        # Values carried in the record itself (lists of strings, ...) must be
+        # fresh for every batch: such a plan is not reused.
+        self.cacheable = False
+        return x
+
+
+def _fill(tree, arrays):
+    t = type(tree)
+    if t is _Leaf:
+        return arrays[tree]
     if t is tuple:
-        return tuple([_rebuild(b, segment, copy, out_pool) for b in x])
+        return tuple([_fill(b, arrays) for b in tree])
     if t is list:
-        return [_rebuild(b, segment, copy, out_pool) for b in x]
+        return [_fill(b, arrays) for b in tree]
     if t is dict:
-        return {k: _rebuild(v, segment, copy, out_pool) for k, v in x.items()}
-    if isinstance(x, tuple) and hasattr(t, "_fields"):
-        return t(*[_rebuild(b, segment, copy, out_pool) for b in x])
-    return x
+        return {k: _fill(v, arrays) for k, v in tree.items()}
+    if isinstance(tree, tuple) and hasattr(t, "_fields"):
+        return t(*[_fill(b, arrays) for b in tree])
+    return tree
+
+
+def decode(segment, meta_off, meta_len, mode=COPY, out_pool=None):
+    """Rebuild a batch from its slot.
+
+    ``mode`` is COPY (arrays the caller owns, from ``out_pool`` when given),
+    VIEW (read-only views into the slot) or LEND (writable views: the caller
+    owns the slot's memory until it drops them).
+    """
+    raw = bytes(memoryview(segment)[meta_off:meta_off + meta_len])
+    plan = _plans.get(raw)
+    if plan is None:
+        plan = _Plan(pickle.loads(raw))
+        if plan.cacheable:
+            if len(_plans) >= _PLAN_CACHE_ENTRIES:
+                _plans.clear()
+            _plans[raw] = plan
+    arrays = []
+    for off, dtype, shape, count in plan.leaves:
+        view = np.frombuffer(segment, dtype, count, off).reshape(shape)
+        if mode == COPY:
+            out = out_pool.take(shape, dtype) if out_pool is not None else np.empty(shape, dtype)
+            np.copyto(out, view)
+            arrays.append(out)
+        else:
+            if mode == VIEW:
+                view.flags.writeable = False
+            arrays.append(view)
+    if plan.flat:
+        return tuple(arrays)
+    return _fill(plan.tree, arrays)
 
 
 class OutputPool:
@@ -446,7 +546,7 @@ class SharedBatchRingBuffer:
         """The batch in a published slot: copies, or read-only views (``copy=False``)
         valid until the slot is released."""
         meta_off, meta_len, _ = self._header.result(slot)
-        return decode(self._segments[slot], meta_off, meta_len, copy)
+        return decode(self._segments[slot], meta_off, meta_len, COPY if copy else VIEW)
 
     def release(self, slot):
         """Free a slot for producers again."""
