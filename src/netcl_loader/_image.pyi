@@ -1,0 +1,12 @@
+import numpy as np
+import numpy.typing as npt
+
+def crop_flip_normalize_u8(
+    images: npt.NDArray[np.uint8],
+    top: npt.NDArray[np.int64],
+    left: npt.NDArray[np.int64],
+    flip: npt.NDArray[np.uint8],
+    mean: npt.NDArray[np.float32],
+    std: npt.NDArray[np.float32],
+    out: npt.NDArray[np.float32],
+) -> None: ...
