@@ -628,11 +628,12 @@ class _Pool:
         self.stats.ring_bytes = self.ring.nbytes
 
     def dispatch(self, token, seq, epoch, indices):
-        slot = self.free.pop()
+        slot = self.free[-1]
+        if self.use_shared_mem and self.ring.capacity(slot) < self.slot_need:
+            self.grow(slot, self.slot_need)  # may raise SharedMemoryError: the slot stays free
+        self.free.pop()
         W = len(self.procs)
         wid = seq % W
-        if self.use_shared_mem and self.ring.capacity(slot) < self.slot_need:
-            self.grow(slot, self.slot_need)
         self.slot_task[slot] = (token, seq, wid)
         self.header.set_task(slot, token, seq, wid + 1)
         self.header.claim(slot, FREE, ASSIGNED)
