@@ -45,14 +45,17 @@ __all__ = [
 # Work-items per group, at most: a multiple of every GPU's SIMD width (32 or
 # 64) and PoCL's vector width, and small enough for any device's limit.
 _LOCAL_SIZE_MAX = 256
-# Reduction groups to aim for per compute unit, so that a small batch of large
-# samples still keeps every compute unit busy.
-_GROUPS_PER_COMPUTE_UNIT = 4
-# Elements each reduction work-item should read at least; fewer and the
-# per-group overhead (barriers, one partial per group) dominates.
-_MIN_ELEMENTS_PER_ITEM = 16
+# Work-items along one image row in the element-wise kernel: a multiple of
+# GPU warps (32), and common widths (32, 64, 96, 128, 224) are multiples of it.
+_ROW_LOCAL_SIZE = 32
+# Elements each work-item of the mean reduction adds, passed to the program
+# as NETCL_SUM_ITEMS: enough to amortise the group's tree reduction (log2 of
+# the local size barriers), few enough that a 224x224x3 sample still spans
+# 19 groups of 256 to spread over a GPU's compute units.
+_SUM_ITEMS_PER_WORK_ITEM = 32
 
 # Mirrors netcl_aug_param in cl/augment_common.cl, field for field (32 bytes).
+# The kernels take one per plane (N*C of them).
 _PARAM_DTYPE = np.dtype([
     ("flip", np.int32),
     ("row0", np.int32), ("row1", np.int32),
@@ -91,7 +94,7 @@ def _get_augment_kernel(context, flip: bool, jitter: bool, cutout: bool) -> cl.K
         ("NETCL_FLIP", int(flip)), ("NETCL_JITTER", int(jitter)), ("NETCL_CUTOUT", int(cutout))))
     kernel = program.netcl_augment
     kernel.set_scalar_arg_dtypes([None, np.uint64, None, np.uint64, None, None,
-                                  np.uint32, np.uint32, np.uint32, np.float32])
+                                  np.uint32, np.uint32, np.float32])
     return kernel
 
 
@@ -118,11 +121,12 @@ def get_fused_kernel(context) -> cl.Kernel:
 @cl_tools.context_dependent_memoize
 def get_sample_mean_kernels(context) -> tuple[cl.Kernel, cl.Kernel]:
     """The two kernels of the per-sample mean, ``(partial_sums, means)``, cached."""
-    program = _get_program(context, "sample_mean.cl", ())
+    program = _get_program(context, "sample_mean.cl",
+                           (("NETCL_SUM_ITEMS", _SUM_ITEMS_PER_WORK_ITEM),))
     partial = program.netcl_sample_partial_sums
-    partial.set_scalar_arg_dtypes([None, np.uint64, np.uint32, None, None, None])
+    partial.set_scalar_arg_dtypes([None, np.uint64, np.uint32, np.uint32, None, None, None])
     means = program.netcl_sample_means
-    means.set_scalar_arg_dtypes([None, np.uint32, np.uint32, np.uint32, None])
+    means.set_scalar_arg_dtypes([None, np.uint32, np.uint32, np.uint32, np.uint32, None])
     return partial, means
 
 
@@ -160,6 +164,10 @@ def _check_device_batch(x) -> None:
         raise ValueError(f"x must be C-contiguous (NCHW), got strides {x.strides}")
     if x.queue is None:
         raise ValueError("x has no command queue; give it one with x.with_queue(queue)")
+    n, channels, height, width = x.shape
+    if channels * height * width >= 2**32 or n * channels >= 2**32:
+        raise ValueError(f"x of shape {x.shape} is too large: the kernels index one sample "
+                         "and the N*C planes with 32-bit integers")
 
 
 def _device_out(out, x, allocator):
@@ -188,6 +196,18 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
+def _augment_local_size(limit: int, item_sizes, height: int, width: int) -> tuple[int, int, int]:
+    """Work-group shape (along W, along H, 1) for the element-wise kernel.
+
+    Up to _ROW_LOCAL_SIZE work-items along a row (one or two GPU warps; a
+    vector loop for PoCL), the rest of the group along H, each no larger
+    than the next power of two of the image side so little is padded.
+    """
+    lx = min(limit, item_sizes[0], _ROW_LOCAL_SIZE, 1 << (width - 1).bit_length())
+    ly = min(limit // lx, item_sizes[1], 1 << (height - 1).bit_length())
+    return lx, ly, 1
+
+
 def _launch(kernel, queue, global_size, local_size, *args, wait_for):
     with _ENQUEUE_LOCK:
         return kernel(queue, global_size, local_size, *args, wait_for=wait_for)
@@ -200,23 +220,23 @@ def _apply(x, out, allocator, *, mask=None, brightness=None, contrast=None, boun
     sample = channels * height * width
     if n == 0 or sample == 0:
         return out
-    if sample >= 2**32:
-        raise ValueError(f"x has {sample} elements per sample; at most 2**32 - 1 are supported")
     queue = x.queue
     context = x.context
     device = queue.device
     alloc = allocator or _default_pool(queue)
     flip, jitter, cut = mask is not None, brightness is not None, bounds is not None
 
-    params = np.zeros(n, dtype=_PARAM_DTYPE)
+    # One entry per plane (n * C + c), each sample's repeated C times: the
+    # kernel then finds its parameters by plane index, with no division.
+    params = np.zeros(n * channels, dtype=_PARAM_DTYPE)
     if flip:
-        params["flip"] = mask
+        params["flip"] = np.repeat(mask, channels)
     if jitter:
-        params["brightness"] = brightness
-        params["contrast"] = contrast
+        params["brightness"] = np.repeat(brightness, channels)
+        params["contrast"] = np.repeat(contrast, channels)
     if cut:
-        params["row0"], params["row1"] = bounds[:, 0], bounds[:, 1]
-        params["col0"], params["col1"] = bounds[:, 2], bounds[:, 3]
+        for i, field in enumerate(("row0", "row1", "col0", "col1")):
+            params[field] = np.repeat(bounds[:, i], channels)
     param_buf = alloc(params.nbytes)
     # Non-blocking: pyopencl's NannyEvent keeps `params` alive until the copy ends.
     upload = cl.enqueue_copy(queue, param_buf, params, is_blocking=False)
@@ -225,17 +245,19 @@ def _apply(x, out, allocator, *, mask=None, brightness=None, contrast=None, boun
     means = None
     if jitter:
         partial_kernel, means_kernel = get_sample_mean_kernels(context)
-        local = min(_max_local_size(partial_kernel, device), 1 << (sample - 1).bit_length())
-        groups = max(1, min(-(-_GROUPS_PER_COMPUTE_UNIT * device.max_compute_units // n),
-                            -(-sample // (local * _MIN_ELEMENTS_PER_ITEM))))
+        # No more work-items than a small sample can give NETCL_SUM_ITEMS each.
+        per_item = -(-sample // _SUM_ITEMS_PER_WORK_ITEM)
+        local = min(_max_local_size(partial_kernel, device), 1 << (per_item - 1).bit_length())
+        groups = -(-sample // (local * _SUM_ITEMS_PER_WORK_ITEM))
         partials = alloc(n * groups * _PARTIAL_BYTES)
         summed = _launch(partial_kernel, queue, (groups * local, n), (local, 1),
-                         x.base_data, x.offset // _FLOAT_BYTES, sample, param_buf, partials,
+                         x.base_data, x.offset // _FLOAT_BYTES, sample, channels,
+                         param_buf, partials,
                          cl.LocalMemory(local * _PARTIAL_BYTES), wait_for=[upload, *x.events])
-        means = alloc(n * _FLOAT_BYTES)
+        means = alloc(n * channels * _FLOAT_BYTES)
         means_local = min(_max_local_size(means_kernel, device), 64)
         reduced = _launch(means_kernel, queue, (_round_up(n, means_local),), (means_local,),
-                          partials, groups, n, sample, means, wait_for=[summed])
+                          partials, groups, n, sample, channels, means, wait_for=[summed])
         wait.append(reduced)
 
     # Flipping reads another element of the same row than it writes, so it
@@ -244,11 +266,13 @@ def _apply(x, out, allocator, *, mask=None, brightness=None, contrast=None, boun
     if flip and _overlaps(x, out):
         target = cl_array.Array(queue, x.shape, np.float32, allocator=alloc)
     kernel = _get_augment_kernel(context, flip, jitter, cut)
-    local = min(_max_local_size(kernel, device), _round_up(sample, 32))
-    done = _launch(kernel, queue, (_round_up(sample, local), n), (local, 1),
+    local = _augment_local_size(_max_local_size(kernel, device), device.max_work_item_sizes,
+                                height, width)
+    global_size = (_round_up(width, local[0]), _round_up(height, local[1]), n * channels)
+    done = _launch(kernel, queue, global_size, local,
                    x.base_data, x.offset // _FLOAT_BYTES,
                    target.base_data, target.offset // _FLOAT_BYTES,
-                   param_buf, means, height, width, sample, fill, wait_for=wait)
+                   param_buf, means, height, width, fill, wait_for=wait)
     if target is not out:
         done = cl.enqueue_copy(queue, out.base_data, target.base_data, byte_count=out.nbytes,
                                dst_offset=out.offset, src_offset=target.offset,

@@ -3,7 +3,7 @@
  * Prepended to augment.cl and sample_mean.cl by netcl_loader.augment_gpu,
  * which mirrors netcl_aug_param in a NumPy structured dtype: keep the two in
  * the same order. All fields are 4 bytes, so host and device layouts agree
- * with no padding (32 bytes per sample).
+ * with no padding (32 bytes an entry).
  */
 #ifndef NETCL_AUGMENT_COMMON_CL
 #define NETCL_AUGMENT_COMMON_CL
