@@ -310,7 +310,7 @@ def test_crop_flip_normalize_known_answer_batch_no_flip_defaults():
 
 @settings(max_examples=60, deadline=None)
 @given(data=st.data(), n=st.integers(0, 4), h=st.integers(1, 17), w=st.integers(1, 17),
-       c=st.integers(1, 4), layout=st.sampled_from(["contiguous", "bgr_view", "strided"]))
+       c=st.integers(1, 6), layout=st.sampled_from(["contiguous", "bgr_view", "strided"]))
 def test_crop_flip_normalize_equals_numpy_reference(data, n, h, w, c, layout):
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     ch = data.draw(st.integers(1, h))
@@ -329,6 +329,11 @@ def test_crop_flip_normalize_equals_numpy_reference(data, n, h, w, c, layout):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
     # The lookup table reproduces NumPy's float32 arithmetic exactly.
     np.testing.assert_array_equal(got, want)
+    # The single-image entry point gives the same images.
+    for i in range(n):
+        one = A.crop_flip_normalize(images[i], int(top[i]), int(left[i]), ch, cw, bool(flip[i]),
+                                    mean, std)
+        np.testing.assert_array_equal(one, want[i])
 
 
 def test_crop_flip_normalize_single_image_and_scalars():
@@ -408,8 +413,6 @@ IMGS = np.zeros((2, 8, 10, 3), dtype=np.uint8)
      r"mean must be a number or have 3 entries, one per channel, got shape \(2,\)"),
     (lambda: A.crop_flip_normalize(IMG, 0, 0, 2, 2, std=[1, 2, 3, 4]), ValueError,
      r"std must be a number or have 3 entries"),
-    (lambda: A.crop_flip_normalize(IMG, 0, 0, 2, 2, std=[1, 0, 1]), ValueError,
-     r"std must be non-zero in every channel, got \[1.0, 0.0, 1.0\]"),
     (lambda: A.crop_flip_normalize(IMG, 0, 0, 2, 2, mean=["a", "b", "c"]), ValueError,
      "mean must be real numbers"),
     (lambda: A.crop_flip_normalize(IMG, 0, 0, 2, 2, out=np.zeros((2, 2, 3), F32)), ValueError,
@@ -428,6 +431,13 @@ IMGS = np.zeros((2, 8, 10, 3), dtype=np.uint8)
 def test_crop_flip_normalize_validation(call, exc, match):
     with pytest.raises(exc, match=match):
         call()
+
+
+@pytest.mark.parametrize("images", [IMG, IMGS])
+def test_crop_flip_normalize_zero_std(images):
+    with pytest.raises(ValueError, match=r"std must be non-zero in every channel, got "
+                                         r"\[1.0, 0.0, 1.0\]"):
+        A.crop_flip_normalize(images, 0, 0, 2, 2, std=[1, 0, 1])
 
 
 def test_crop_flip_normalize_read_only_out():
@@ -449,3 +459,10 @@ def test_compiled_wrapper_refuses_out_of_bounds_windows():
                                       np.zeros((1, 3, 2, 2), F32))
     with pytest.raises(ValueError, match="out has shape"):
         _image.crop_flip_normalize_u8(IMGS[:1], zero, zero, *args, np.zeros((1, 2, 2, 2), F32))
+    mean, std = args[1], args[2]
+    for top_, left_ in ((7, 0), (0, 9), (-1, 0), (0, -1)):
+        with pytest.raises(ValueError, match="outside"):
+            _image.crop_flip_normalize_one(IMG, top_, left_, False, mean, std,
+                                           np.zeros((3, 2, 2), F32))
+    with pytest.raises(ValueError, match="out has shape"):
+        _image.crop_flip_normalize_one(IMG, 0, 0, False, mean, std, np.zeros((2, 2, 2), F32))

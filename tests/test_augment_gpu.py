@@ -323,3 +323,60 @@ def test_missing_pyopencl_names_the_extras(monkeypatch):
     monkeypatch.delitem(sys.modules, "netcl_loader.augment_gpu")
     with pytest.raises(ImportError, match=r"'opencl' extra.*'pocl' extra"):
         importlib.import_module("netcl_loader.augment_gpu")
+
+
+# --------------------------------------------------------------------------
+# End to end: workers crop/flip/normalise, the loader uploads, the device augments
+# --------------------------------------------------------------------------
+
+E2E_MEAN = (120.0, 115.0, 100.0)
+E2E_STD = (60.0, 58.0, 57.0)
+E2E_CROP = 24
+
+
+class CroppingDataset:
+    """uint8 HWC images; each sample cropped, flipped and normalised by the C primitive.
+
+    The crop and flip of sample i come from a generator seeded with i, so a
+    reference can recompute them whatever worker fetched the sample.
+    """
+
+    def __init__(self, images):
+        self.images = images
+
+    def __len__(self):
+        return len(self.images)
+
+    def crop_of(self, i):
+        h, w = self.images.shape[1:3]
+        top, left, flip = A.draw_crops(np.random.default_rng(i), 1, h, w, E2E_CROP, E2E_CROP)
+        return int(top[0]), int(left[0]), bool(flip[0])
+
+    def __getitem__(self, i):
+        top, left, flip = self.crop_of(i)
+        x = A.crop_flip_normalize(self.images[i], top, left, E2E_CROP, E2E_CROP, flip,
+                                  E2E_MEAN, E2E_STD)
+        return x, i
+
+
+def test_loader_with_workers_then_device_augmentation(cl_queue):
+    DataLoader = pytest.importorskip("netcl_loader.dataloader").DataLoader
+    rng = np.random.default_rng(12)
+    images = rng.integers(0, 256, (37, 32, 30, 3), dtype=np.uint8)
+    dataset = CroppingDataset(images)
+    mean, std = np.asarray(E2E_MEAN, F32), np.asarray(E2E_STD, F32)
+    seen = []
+    with DataLoader(dataset, batch_size=8, shuffle=True, num_workers=2, seed=3) as loader:
+        loader.bind_queue(cl_queue)
+        for step, (xd, labels) in enumerate(loader):
+            assert isinstance(xd, cl_array.Array) and xd.shape == (len(labels), 3, 24, 24)
+            p = A.draw_params(np.random.default_rng(1000 + step), len(labels), 24, 24)
+            got = G.flip_jitter_cutout(xd, *p, 8, fill=0.5).get()
+            # The same pipeline in NumPy: crop, flip, normalise, stack, augment.
+            crops = [dataset.crop_of(int(i)) for i in labels]
+            ref = np.stack([
+                ((images[i, t:t + 24, l:l + 24][:, ::-1 if f else 1].astype(F32) - mean) / std
+                 ).transpose(2, 0, 1) for i, (t, l, f) in zip(labels, crops)])
+            assert_agree(got, A.flip_jitter_cutout(ref, *p, 8, fill=0.5))
+            seen.extend(int(i) for i in labels)
+    assert sorted(seen) == list(range(37))

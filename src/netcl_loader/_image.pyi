@@ -10,3 +10,13 @@ def crop_flip_normalize_u8(
     std: npt.NDArray[np.float32],
     out: npt.NDArray[np.float32],
 ) -> None: ...
+
+def crop_flip_normalize_one(
+    image: npt.NDArray[np.uint8],
+    top: int,
+    left: int,
+    flip: bool,
+    mean: npt.NDArray[np.float32],
+    std: npt.NDArray[np.float32],
+    out: npt.NDArray[np.float32],
+) -> None: ...

@@ -16,11 +16,29 @@ cdef extern from "netcl_image.h" nogil:
     enum: NETCL_IMAGE_LUT_SIZE
     void netcl_image_build_lut(const float *mean, const float *std, size_t channels,
                                float *lut)
+    void netcl_image_crop_flip_normalize(
+        const uint8_t *src, Py_ssize_t stride_h, Py_ssize_t stride_w, Py_ssize_t stride_c,
+        size_t channels, size_t out_h, size_t out_w, int flip, const float *lut, float *dst)
     void netcl_image_crop_flip_normalize_batch(
         const uint8_t *src, Py_ssize_t stride_n, Py_ssize_t stride_h, Py_ssize_t stride_w,
         Py_ssize_t stride_c, size_t n, size_t channels, size_t out_h, size_t out_w,
         const int64_t *top, const int64_t *left, const uint8_t *flip,
         const float *lut, float *dst)
+
+
+# Channels whose lookup table fits on the C stack (4 KiB for 4 channels);
+# more channels (rare) get a NumPy buffer allocated under the GIL.
+cdef enum:
+    STACK_LUT_CHANNELS = 4
+
+
+cdef int _check_std(const float[::1] std) except -1:
+    cdef Py_ssize_t c
+    for c in range(std.shape[0]):
+        if std[c] == 0:
+            raise ValueError(f"std must be non-zero in every channel, got "
+                             f"{np.asarray(std).tolist()}")
+    return 0
 
 
 def crop_flip_normalize_u8(const uint8_t[:, :, :, :] images,
@@ -33,11 +51,14 @@ def crop_flip_normalize_u8(const uint8_t[:, :, :, :] images,
     ``images`` is (N, H, W, C) uint8 with any strides, ``out`` a C-contiguous
     float32 (N, C, h, w); the crop size is taken from ``out``. Raises
     ValueError on any inconsistency that would let the C code read or write
-    outside its buffers.
+    outside its buffers, and on a zero std.
     """
     cdef Py_ssize_t n = images.shape[0], height = images.shape[1]
     cdef Py_ssize_t width = images.shape[2], channels = images.shape[3]
     cdef Py_ssize_t out_h = out.shape[2], out_w = out.shape[3], i
+    cdef float stack_lut[STACK_LUT_CHANNELS * NETCL_IMAGE_LUT_SIZE]
+    cdef float *lut = stack_lut
+    cdef float[::1] heap_lut
     if out.shape[0] != n or out.shape[1] != channels:
         raise ValueError(f"out has shape ({out.shape[0]}, {out.shape[1]}, {out_h}, {out_w}), "
                          f"expected ({n}, {channels}, h, w) for images of shape "
@@ -48,19 +69,57 @@ def crop_flip_normalize_u8(const uint8_t[:, :, :, :] images,
     if mean.shape[0] != channels or std.shape[0] != channels:
         raise ValueError(f"mean and std need {channels} entries, got "
                          f"{mean.shape[0]}, {std.shape[0]}")
+    _check_std(std)
     for i in range(n):
         if top[i] < 0 or left[i] < 0 or top[i] + out_h > height or left[i] + out_w > width:
             raise ValueError(f"crop window {out_h}x{out_w} at ({top[i]}, {left[i]}) of "
                              f"image {i} is outside its {height}x{width} pixels")
     if n == 0 or channels == 0 or out_h == 0 or out_w == 0:
         return
-    # The table is allocated here, under the GIL, so the nogil block allocates
-    # nothing; NumPy owns it and frees it when this call returns.
-    lut_array = np.empty(channels * NETCL_IMAGE_LUT_SIZE, dtype=np.float32)
-    cdef float[::1] lut = lut_array
+    if channels > STACK_LUT_CHANNELS:
+        heap_lut = np.empty(channels * NETCL_IMAGE_LUT_SIZE, dtype=np.float32)
+        lut = &heap_lut[0]
     with nogil:
-        netcl_image_build_lut(&mean[0], &std[0], <size_t>channels, &lut[0])
+        netcl_image_build_lut(&mean[0], &std[0], <size_t>channels, lut)
         netcl_image_crop_flip_normalize_batch(
             &images[0, 0, 0, 0], images.strides[0], images.strides[1], images.strides[2],
             images.strides[3], <size_t>n, <size_t>channels, <size_t>out_h, <size_t>out_w,
-            &top[0], &left[0], &flip[0], &lut[0], &out[0, 0, 0, 0])
+            &top[0], &left[0], &flip[0], lut, &out[0, 0, 0, 0])
+
+
+def crop_flip_normalize_one(const uint8_t[:, :, :] image, Py_ssize_t top, Py_ssize_t left,
+                            bint flip, const float[::1] mean, const float[::1] std,
+                            float[:, :, ::1] out):
+    """One (H, W, C) image into a C-contiguous (C, h, w) ``out``; checks as above.
+
+    A separate entry point because a dataset's ``__getitem__`` calls it once
+    per sample: plain integer arguments and a table on the stack keep the
+    call overhead to a few microseconds.
+    """
+    cdef Py_ssize_t height = image.shape[0], width = image.shape[1]
+    cdef Py_ssize_t channels = image.shape[2]
+    cdef Py_ssize_t out_h = out.shape[1], out_w = out.shape[2]
+    cdef float stack_lut[STACK_LUT_CHANNELS * NETCL_IMAGE_LUT_SIZE]
+    cdef float *lut = stack_lut
+    cdef float[::1] heap_lut
+    if out.shape[0] != channels:
+        raise ValueError(f"out has shape ({out.shape[0]}, {out_h}, {out_w}), expected "
+                         f"({channels}, h, w) for an image of shape ({height}, {width}, "
+                         f"{channels})")
+    if mean.shape[0] != channels or std.shape[0] != channels:
+        raise ValueError(f"mean and std need {channels} entries, got "
+                         f"{mean.shape[0]}, {std.shape[0]}")
+    _check_std(std)
+    if top < 0 or left < 0 or top + out_h > height or left + out_w > width:
+        raise ValueError(f"crop window {out_h}x{out_w} at ({top}, {left}) is outside the "
+                         f"image's {height}x{width} pixels")
+    if channels == 0 or out_h == 0 or out_w == 0:
+        return
+    if channels > STACK_LUT_CHANNELS:
+        heap_lut = np.empty(channels * NETCL_IMAGE_LUT_SIZE, dtype=np.float32)
+        lut = &heap_lut[0]
+    with nogil:
+        netcl_image_build_lut(&mean[0], &std[0], <size_t>channels, lut)
+        netcl_image_crop_flip_normalize(
+            &image[top, left, 0], image.strides[0], image.strides[1], image.strides[2],
+            <size_t>channels, <size_t>out_h, <size_t>out_w, flip, lut, &out[0, 0, 0])

@@ -448,15 +448,23 @@ def flip_jitter_cutout(x, mask, brightness, contrast, centers, size, out=None, f
 # The worker-side image primitive (compiled, ``_image.pyx``).
 # --------------------------------------------------------------------------
 
-def _per_image_int(value, n: int, name: str, batch: bool) -> np.ndarray:
+def _image_int(value, name: str, batch: bool) -> int:
+    """One crop coordinate as a Python int (a fast path: a worker calls this per image)."""
+    if type(value) is int:
+        return value
     arr = np.asarray(value)
-    if arr.ndim == 0:
-        if arr.dtype.kind not in "iu":
-            raise ValueError(f"{name} must be an int{' or one int per image' if batch else ''}, "
-                             f"got {value!r}")
-        return np.full(n, int(arr), dtype=np.int64)
-    if not batch:
+    if arr.ndim != 0:
         raise ValueError(f"{name} must be an int for one image, got shape {arr.shape}")
+    if arr.dtype.kind not in "iu":
+        raise ValueError(f"{name} must be an int{' or one int per image' if batch else ''}, "
+                         f"got {value!r}")
+    return int(arr)
+
+
+def _per_image_int(value, n: int, name: str) -> np.ndarray:
+    if type(value) is int or np.ndim(value) == 0:
+        return np.full(n, _image_int(value, name, True), dtype=np.int64)
+    arr = np.asarray(value)
     if arr.shape != (n,):
         raise ValueError(f"{name} must be an int or have shape ({n},), one per image, got "
                          f"shape {arr.shape}")
@@ -465,10 +473,8 @@ def _per_image_int(value, n: int, name: str, batch: bool) -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=np.int64)
 
 
-def _per_image_flag(value, n: int, batch: bool) -> np.ndarray:
-    if not batch or np.ndim(value) == 0:
-        if np.ndim(value) != 0:
-            raise ValueError(f"flip must be a bool for one image, got {value!r}")
+def _per_image_flag(value, n: int) -> np.ndarray:
+    if np.ndim(value) == 0:
         return np.full(n, bool(value), dtype=np.uint8)
     arr = np.asarray(value)
     if arr.shape != (n,):
@@ -477,9 +483,23 @@ def _per_image_flag(value, n: int, batch: bool) -> np.ndarray:
     return (arr != 0).astype(np.uint8)
 
 
+# Read-only default mean (0) and std (1) arrays by channel count, so that the
+# per-image call does not allocate them each time.
+_DEFAULT_CHANNEL_VALUES: dict = {}
+
+
 def _per_channel(value, channels: int, name: str, default: float) -> np.ndarray:
     if value is None:
-        return np.full(channels, default, dtype=np.float32)
+        key = (channels, default)
+        arr = _DEFAULT_CHANNEL_VALUES.get(key)
+        if arr is None:
+            arr = np.full(channels, default, dtype=np.float32)
+            arr.flags.writeable = False
+            _DEFAULT_CHANNEL_VALUES[key] = arr
+        return arr
+    if (type(value) is np.ndarray and value.dtype == np.float32 and value.shape == (channels,)
+            and value.flags.c_contiguous):
+        return value  # the common case in a worker: a float32 array made once
     arr = np.asarray(value)
     if arr.size and arr.dtype.kind not in "biuf":
         raise ValueError(f"{name} must be real numbers, got dtype {arr.dtype}")
@@ -489,6 +509,28 @@ def _per_channel(value, channels: int, name: str, default: float) -> np.ndarray:
         raise ValueError(f"{name} must be a number or have {channels} entries, one per "
                          f"channel, got shape {arr.shape}")
     return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def _window_error(name: str, start: int, size: int, limit: int, image) -> ValueError:
+    span = "height" if name == "top" else "width"
+    where = "" if image is None else f"for image {image} "
+    return ValueError(f"crop window outside the image: {name}={start} with {span}={size} "
+                      f"{where}needs 0 <= {name} <= {limit - size} for an image of {span} "
+                      f"{limit}")
+
+
+def _check_out_image(out, expected: tuple):
+    if out is None:
+        return np.empty(expected, dtype=np.float32)
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a NumPy ndarray or None, got {type(out).__name__}")
+    if out.dtype != np.float32 or out.shape != expected:
+        raise ValueError(f"out must be float32 with shape {expected}, got {out.dtype} "
+                         f"with shape {out.shape}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError("out must be a writable C-contiguous array, got a "
+                         f"{'non-contiguous' if not out.flags.c_contiguous else 'read-only'} one")
+    return out
 
 
 def crop_flip_normalize(images, top, left, height, width, flip=False, mean=None, std=None,
@@ -540,44 +582,40 @@ def crop_flip_normalize(images, top, left, height, width, flip=False, mean=None,
     """
     if not isinstance(images, np.ndarray):
         raise TypeError(f"images must be a NumPy ndarray, got {type(images).__name__}")
-    if images.ndim not in (3, 4):
+    ndim = images.ndim
+    if ndim != 3 and ndim != 4:
         raise ValueError(f"images must be one (H, W, C) image or an (N, H, W, C) batch, got "
                          f"{images.ndim} dimensions with shape {images.shape}")
     if images.dtype != np.uint8:
         raise ValueError(f"images must have dtype uint8, got {images.dtype}")
-    batch = images.ndim == 4
-    batch_view = images if batch else images[np.newaxis]
-    n, img_h, img_w, channels = batch_view.shape
     height = _check_int(height, "height", minimum=1)
     width = _check_int(width, "width", minimum=1)
-    tops = _per_image_int(top, n, "top", batch)
-    lefts = _per_image_int(left, n, "left", batch)
-    flips = _per_image_flag(flip, n, batch)
+    img_h, img_w, channels = images.shape[-3:]
     means = _per_channel(mean, channels, "mean", 0.0)
     stds = _per_channel(std, channels, "std", 1.0)
-    if np.any(stds == 0):
-        raise ValueError(f"std must be non-zero in every channel, got {stds.tolist()}")
+    if ndim == 3:
+        # One image, as a dataset's __getitem__ calls it: plain ints, no
+        # temporary arrays (the call costs a few microseconds, not tens).
+        t = _image_int(top, "top", False)
+        lft = _image_int(left, "left", False)
+        if np.ndim(flip) != 0:
+            raise ValueError(f"flip must be a bool for one image, got {flip!r}")
+        if t < 0 or t + height > img_h:
+            raise _window_error("top", t, height, img_h, None)
+        if lft < 0 or lft + width > img_w:
+            raise _window_error("left", lft, width, img_w, None)
+        out = _check_out_image(out, (channels, height, width))
+        _image.crop_flip_normalize_one(images, t, lft, bool(flip), means, stds, out)
+        return out
+    n = images.shape[0]
+    tops = _per_image_int(top, n, "top")
+    lefts = _per_image_int(left, n, "left")
+    flips = _per_image_flag(flip, n)
     for name, start, size, limit in (("top", tops, height, img_h), ("left", lefts, width, img_w)):
         bad = np.flatnonzero((start < 0) | (start + size > limit))
         if bad.size:
             i = int(bad[0])
-            span = "height" if name == "top" else "width"
-            raise ValueError(
-                f"crop window outside the image: {name}={int(start[i])} with {span}={size} "
-                f"{'for image ' + str(i) + ' ' if batch else ''}needs 0 <= {name} <= "
-                f"{limit - size} for an image of {span} {limit}")
-    expected = (n, channels, height, width) if batch else (channels, height, width)
-    if out is None:
-        out = np.empty(expected, dtype=np.float32)
-    else:
-        if not isinstance(out, np.ndarray):
-            raise TypeError(f"out must be a NumPy ndarray or None, got {type(out).__name__}")
-        if out.dtype != np.float32 or out.shape != expected:
-            raise ValueError(f"out must be float32 with shape {expected}, got {out.dtype} "
-                             f"with shape {out.shape}")
-        if not out.flags.c_contiguous or not out.flags.writeable:
-            raise ValueError("out must be a writable C-contiguous array, got a "
-                             f"{'non-contiguous' if not out.flags.c_contiguous else 'read-only'} one")
-    _image.crop_flip_normalize_u8(batch_view, tops, lefts, flips, means, stds,
-                                  out if batch else out[np.newaxis])
+            raise _window_error(name, int(start[i]), size, limit, i)
+    out = _check_out_image(out, (n, channels, height, width))
+    _image.crop_flip_normalize_u8(images, tops, lefts, flips, means, stds, out)
     return out
