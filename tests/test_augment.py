@@ -171,7 +171,8 @@ def test_draw_crops_inside_the_image():
 @pytest.mark.parametrize("call, exc, match", [
     (lambda: A.draw_params(np.random.RandomState(0), 2, 3, 3), TypeError, "rng"),
     (lambda: A.draw_params(np.random.default_rng(), -1, 3, 3), ValueError, "n must be >= 0"),
-    (lambda: A.draw_params(np.random.default_rng(), 2, 0, 3), ValueError, "height must be positive"),
+    (lambda: A.draw_params(np.random.default_rng(), 2, 0, 3), ValueError,
+     "height must be positive"),
     (lambda: A.draw_params(np.random.default_rng(), 2, 3, 3, flip_prob=2), ValueError,
      "flip_prob"),
     (lambda: A.draw_params(np.random.default_rng(), 2, 3, 3, brightness=(2, 1)), ValueError,
@@ -238,7 +239,8 @@ OK_CENTERS = [[1, 1], [2, 2]]
     (lambda: A.cutout(X, OK_CENTERS, 2, fill="0"), TypeError, "fill must be a real number"),
     # out
     (lambda: A.flip_horizontal(X, OK_MASK, out=np.zeros((2, 3, 4, 5), F32)), ValueError,
-     r"out must be float32 with shape \(2, 3, 4, 4\) like x, got float32 with shape \(2, 3, 4, 5\)"),
+     r"out must be float32 with shape \(2, 3, 4, 4\) like x, "
+     r"got float32 with shape \(2, 3, 4, 5\)"),
     (lambda: A.apply_color_jitter(X, OK_FACTORS, OK_FACTORS, out=np.zeros(X.shape)), ValueError,
      "out must be float32 .* got float64"),
     (lambda: A.cutout(X, OK_CENTERS, 2, out=np.zeros(X.shape, F32).tolist()), TypeError,

@@ -1,4 +1,4 @@
-"""CPU augmentation: flip, colour jitter and cutout on NCHW float32, and the fused uint8 image primitive."""
+"""CPU augmentation primitives: flip, colour jitter and cutout in NumPy; fused image crop in C."""
 from __future__ import annotations
 
 import numbers

@@ -1,4 +1,4 @@
-"""OpenCL augmentation: flip, colour jitter and cutout on pyopencl arrays, programs built once per context."""
+"""OpenCL augmentation kernels: flip, colour jitter and cutout on pyopencl arrays."""
 from __future__ import annotations
 
 import importlib.resources
@@ -199,7 +199,7 @@ def _round_up(value: int, multiple: int) -> int:
 def _augment_local_size(limit: int, item_sizes, height: int, width: int) -> tuple[int, int, int]:
     """Work-group shape (along W, along H, 1) for the element-wise kernel.
 
-    Up to _ROW_LOCAL_SIZE work-items along a row (one or two GPU warps; a
+    Up to _ROW_LOCAL_SIZE work-items along a row (one GPU warp; a
     vector loop for PoCL), the rest of the group along H, each no larger
     than the next power of two of the image side so little is padded.
     """
