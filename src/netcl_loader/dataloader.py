@@ -283,6 +283,7 @@ class DataLoader:
         self._pools_started = 0
         self._next_epoch = 0
         self._resume = None          # (epoch, done_prefix, extra_done) for the next iteration
+        self._stopped = None         # where an iteration left before its end stopped (state_dict)
         self._active = None          # weakref to the running iterator
         self._token = 0
         self._queue = None
@@ -386,24 +387,37 @@ class DataLoader:
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def set_epoch(self, epoch):
-        """Set the epoch of the next iteration (it then counts up from there)."""
+        """Set the epoch of the next iteration (it then counts up from there).
+
+        After :meth:`load_state_dict`, setting the state's own epoch keeps the
+        resume (a loop calls ``set_epoch(e)`` at the top of every epoch, the
+        resumed one too); any other epoch starts from its beginning.
+        """
         if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
         self._next_epoch = int(epoch)
-        self._resume = None
+        if self._resume is not None and self._resume[0] != epoch:
+            self._resume = None
+        self._stopped = None
 
     # -- resume --------------------------------------------------------------
     def state_dict(self):
         """The position of this loader, as a small JSON-serialisable dict.
 
         Taken mid-epoch, :meth:`load_state_dict` on a new loader continues the
-        epoch with exactly the batches this one would have yielded next.
+        epoch with exactly the batches this one would have yielded next.  An
+        iteration left before its end (``break``, :meth:`close`, a timeout, a
+        dead worker) is reported where it stopped until the next one starts;
+        after a finished epoch the state points at the next epoch.
         """
         it = self._active() if self._active is not None else None
         if it is not None and not it.finished:
             epoch, prefix, extra = it.epoch, it.done_prefix, sorted(it.done_extra)
         elif self._resume is not None:
             epoch, prefix, extra = self._resume
+            extra = sorted(extra)
+        elif self._stopped is not None:
+            epoch, prefix, extra = self._stopped
             extra = sorted(extra)
         else:
             epoch, prefix, extra = self._next_epoch, 0, []
@@ -438,6 +452,7 @@ class DataLoader:
             raise ValueError(f"cannot resume: batches_done={prefix} is outside [0, {n_batches}]")
         self._next_epoch = int(state["epoch"])
         self._resume = (int(state["epoch"]), prefix, set(int(x) for x in state.get("extra_done", [])))
+        self._stopped = None
 
     # -- GPU -------------------------------------------------------------------
     def bind_queue(self, queue):
@@ -499,6 +514,7 @@ class DataLoader:
         else:
             epoch, prefix, extra = self._next_epoch, 0, set()
         self._next_epoch = epoch + 1
+        self._stopped = None
         it = _Iter(self, epoch, prefix, extra)
         self._active = weakref.ref(it)
         return it
@@ -721,7 +737,9 @@ class _Iter:
         self.held = None                 # slot lent to the caller (zero_copy)
         self.deferred = []               # (slot, GpuBatch): slot freed when its upload completes
         self._last = None                # end of the previous next(), for wall time
-        self._tasks = self._numbered(loader._batches(epoch), prefix, self.done_extra)
+        # A frozen copy: _mark_done drops entries from done_extra as the prefix
+        # passes them, and those batches must still be skipped.
+        self._tasks = self._numbered(loader._batches(epoch), prefix, frozenset(self.done_extra))
         self._tasks_left = True
         self.pool = None
         if loader.num_workers > 0:
@@ -785,6 +803,7 @@ class _Iter:
                 batch = self._upload_owned(msg[3])
         except (WorkerError, EOFError, OSError):
             self.finished = True
+            loader._stopped = (self.epoch, self.done_prefix, set(self.done_extra))
             self.pending = {}
             self.deferred = []
             self.held = None
@@ -975,6 +994,7 @@ class _Iter:
         """End this iteration early; its batches still in flight are discarded later."""
         if not self.finished:
             self.finished = True
+            self.loader._stopped = (self.epoch, self.done_prefix, set(self.done_extra))
             self._cleanup()
 
     def _cleanup(self):

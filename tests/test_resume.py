@@ -1,0 +1,310 @@
+"""state_dict() / load_state_dict(): exact mid-epoch resume, in this process and in a new one."""
+import json
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from netcl_loader import ArrayDataset, DataLoader
+
+#: Seconds a resumed run in a new process may take.
+SUBPROCESS_TIMEOUT_SECONDS = 120
+
+
+def dataset(n):
+    """Samples (index, index / 2): batches carry the indices they were made of."""
+    return ArrayDataset(np.arange(n, dtype=np.int64), np.arange(n, dtype=np.float32) / 2)
+
+
+def make(n, **kw):
+    kw.setdefault("batch_size", 4)
+    kw.setdefault("num_workers", 0)
+    return DataLoader(dataset(n), **kw)
+
+
+def ids(batch):
+    assert np.array_equal(batch[1], batch[0].astype(np.float32) / 2)
+    return batch[0].tolist()
+
+
+def epoch(loader):
+    return [ids(b) for b in loader]
+
+
+def reference(n, first_epoch, count=2, **kw):
+    """``count`` uninterrupted epochs from ``first_epoch`` on."""
+    kw = {**kw, "num_workers": 0}
+    with make(n, **kw) as dl:
+        dl.set_epoch(first_epoch)
+        return [epoch(dl) for _ in range(count)]
+
+
+def stop_after(loader, k):
+    """The first ``k`` batches of the loader's next epoch and the state then, as JSON text."""
+    it = iter(loader)
+    got = [ids(next(it)) for _ in range(k)]
+    return got, json.dumps(loader.state_dict())
+
+
+def resume(state_json, n, **kw):
+    """A new loader from ``state_json``: the rest of that epoch, then the next epoch."""
+    with make(n, **kw) as dl:
+        dl.load_state_dict(json.loads(state_json))
+        return epoch(dl), epoch(dl)
+
+
+CONFIGS = [  # shuffle, drop_last
+    (True, False), (True, True), (False, False), (False, True),
+]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("shuffle,drop_last", CONFIGS)
+def test_stop_after_every_k_and_resume(num_workers, shuffle, drop_last):
+    n, kw = 22, dict(shuffle=shuffle, drop_last=drop_last, num_workers=num_workers)
+    ref = reference(n, 0, seed=5, **kw)
+    length = len(make(n, seed=5, **kw))
+    assert length == (5 if drop_last else 6) and len(ref[0]) == length
+    for k in range(length + 1):
+        with make(n, seed=5, **kw) as a:
+            got, state = stop_after(a, k)
+        assert json.loads(state)["epoch"] == 0 and json.loads(state)["batches_done"] == k
+        # seed omitted: the state carries it
+        rest, following = resume(state, n, **kw)
+        assert got + rest == ref[0], k
+        assert following == ref[1], k
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resume_across_set_epoch(num_workers):
+    n, kw = 19, dict(batch_size=3, seed=9, num_workers=num_workers)
+    ref = reference(n, 3, **kw)  # epochs 3 and 4
+    length = len(ref[0])
+    for k in range(length + 1):
+        with make(n, **kw) as a:
+            epoch(a)                  # epoch 0, then jump
+            a.set_epoch(3)
+            got, state = stop_after(a, k)
+        assert json.loads(state)["epoch"] == 3
+        rest, following = resume(state, n, **kw)
+        assert got + rest == ref[0] and following == ref[1], k
+
+
+def test_set_epoch_to_the_resumed_epoch_keeps_the_resume():
+    # A training loop calls set_epoch(e) at the top of every epoch, also of the
+    # one it resumes; that must not restart the epoch.
+    n, kw = 19, dict(batch_size=3, seed=9)
+    ref = reference(n, 3, **kw)
+    with make(n, **kw) as a:
+        a.set_epoch(3)
+        got, state = stop_after(a, 2)
+    with make(n, **kw) as b:
+        b.load_state_dict(json.loads(state))
+        b.set_epoch(3)
+        assert got + epoch(b) == ref[0]
+        b.set_epoch(4)
+        assert epoch(b) == ref[1]
+    with make(n, **kw) as c:  # another epoch wins over the state
+        c.load_state_dict(json.loads(state))
+        c.set_epoch(4)
+        assert epoch(c) == ref[1]
+        assert c.state_dict()["epoch"] == 5
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resume_after_leaving_the_loop(num_workers):
+    # The usual way to stop: break out of the for loop (which drops the
+    # iterator), or close the loader, then save the state.
+    n, kw = 22, dict(seed=3, num_workers=num_workers)
+    ref = reference(n, 1, **kw)
+    for k in (1, 3, 5):
+        with make(n, **kw) as a:
+            epoch(a)
+            got = []
+            for i, batch in enumerate(a):
+                got.append(ids(batch))
+                if i == k - 1:
+                    break
+            state = json.dumps(a.state_dict())
+            a.close()
+            assert json.dumps(a.state_dict()) == state
+        assert json.loads(state)["epoch"] == 1 and json.loads(state)["batches_done"] == k
+        rest, following = resume(state, n, **kw)
+        assert got + rest == ref[0] and following == ref[1], k
+
+
+def test_resume_across_num_workers():
+    n, kw = 30, dict(seed=13, batch_size=4)
+    ref = reference(n, 0, **kw)
+    for saved_with, resumed_with in ((2, 0), (0, 2)):
+        with make(n, num_workers=saved_with, **kw) as a:
+            got, state = stop_after(a, 3)
+        rest, following = resume(state, n, num_workers=resumed_with, **kw)
+        assert got + rest == ref[0] and following == ref[1]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_resume_distributed(drop_last):
+    n, ws = 23, 3
+    for rank in range(ws):
+        kw = dict(batch_size=3, seed=21, rank=rank, world_size=ws, drop_last=drop_last)
+        ref = reference(n, 2, **kw)
+        length = len(ref[0])
+        assert length == (2 if drop_last else 3)
+        for k in range(length + 1):
+            with make(n, **kw) as a:
+                a.set_epoch(2)
+                got, state = stop_after(a, k)
+            rest, following = resume(state, n, **kw)
+            assert got + rest == ref[0] and following == ref[1], (rank, k)
+
+
+def test_resume_distributed_with_workers():
+    n, kw = 40, dict(batch_size=3, seed=21, rank=1, world_size=4, num_workers=2)
+    ref = reference(n, 0, **kw)
+    for k in (0, 2, len(ref[0])):
+        with make(n, **kw) as a:
+            got, state = stop_after(a, k)
+        rest, following = resume(state, n, **kw)
+        assert got + rest == ref[0] and following == ref[1], k
+
+
+def test_resume_in_a_new_process():
+    n, kw = 41, dict(batch_size=4, seed=17, rank=1, world_size=2, drop_last=False)
+    ref = reference(n, 4, **kw)
+    with make(n, num_workers=2, **kw) as a:
+        a.set_epoch(4)
+        got, state = stop_after(a, 2)
+    code = textwrap.dedent(f"""
+        import json, sys
+        import numpy as np
+        from netcl_loader import ArrayDataset, DataLoader
+        n = {n}
+        ds = ArrayDataset(np.arange(n, dtype=np.int64), np.arange(n, dtype=np.float32) / 2)
+        with DataLoader(ds, num_workers=2, **{kw!r}) as dl:
+            dl.load_state_dict(json.loads(sys.argv[1]))
+            out = [[b[0].tolist() for b in dl] for _ in range(2)]
+        print(json.dumps(out))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code, state], capture_output=True, text=True,
+                          timeout=SUBPROCESS_TIMEOUT_SECONDS)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    rest, following = json.loads(proc.stdout)
+    assert len(got) == 2 and got + rest == ref[0] and following == ref[1]
+
+
+# -- in_order=False ----------------------------------------------------------------
+class SlowFirst:
+    """Samples (index,); the first ``slow`` indices take a while (so batch 0 finishes last)."""
+
+    def __init__(self, n, slow=2, seconds=0.4):
+        self.n, self.slow, self.seconds = n, slow, seconds
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i < self.slow:
+            time.sleep(self.seconds)
+        return (np.int64(i),)
+
+
+def test_unordered_resume_yields_exactly_the_rest():
+    n, kw = 16, dict(batch_size=2, shuffle=False, seed=1)
+    everything = [[2 * b, 2 * b + 1] for b in range(8)]
+    with DataLoader(SlowFirst(n), num_workers=2, in_order=False, **kw) as a:
+        it = iter(a)
+        got = [next(it)[0].tolist() for _ in range(3)]
+        state = json.dumps(a.state_dict())
+    st = json.loads(state)
+    assert [0, 1] not in got           # batch 0 was slow: later ones came first
+    assert st["batches_done"] == 0 and len(st["extra_done"]) == 3
+    for num_workers, in_order in ((0, True), (2, True), (2, False)):
+        with DataLoader(SlowFirst(n, seconds=0), num_workers=num_workers, in_order=in_order,
+                        **kw) as b:
+            b.load_state_dict(json.loads(state))
+            rest = [x[0].tolist() for x in b]
+            following = [x[0].tolist() for x in b]
+        assert len(got) + len(rest) == len(everything), (num_workers, in_order, rest)
+        assert sorted(got + rest) == everything, (num_workers, in_order)
+        assert sorted(following) == everything and b.state_dict()["epoch"] == 2
+
+
+def test_unordered_resume_for_every_k():
+    n, kw = 22, dict(batch_size=4, seed=2, num_workers=2, in_order=False)
+    everything = sorted(reference(n, 0, **kw)[0])
+    for k in range(len(everything) + 1):
+        with make(n, **kw) as a:
+            got, state = stop_after(a, k)
+        rest, following = resume(state, n, **kw)
+        assert len(got) + len(rest) == len(everything), k
+        assert sorted(got + rest) == everything, k
+        assert sorted(following) == sorted(reference(n, 1, **kw)[0])
+
+
+# -- what the state says, and what it refuses ---------------------------------
+def test_state_at_epoch_boundaries():
+    with make(10, seed=0) as dl:
+        assert dl.state_dict()["epoch"] == 0 and dl.state_dict()["batches_done"] == 0
+        epoch(dl)
+        st = dl.state_dict()
+        assert (st["epoch"], st["batches_done"], st["extra_done"]) == (1, 0, [])
+        dl.set_epoch(7)
+        assert (dl.state_dict()["epoch"], dl.state_dict()["batches_done"]) == (7, 0)
+        epoch(dl)
+        assert (dl.state_dict()["epoch"], dl.state_dict()["batches_done"]) == (8, 0)
+
+
+def test_state_after_the_last_batch_but_before_stop_iteration():
+    ref = reference(10, 0, seed=0)
+    with make(10, seed=0) as a:
+        got, state = stop_after(a, 3)
+    assert json.loads(state)["batches_done"] == 3 == len(got)
+    rest, following = resume(state, 10)
+    assert rest == [] and following == ref[1]
+
+
+def test_state_is_small_and_json():
+    n = 100_000
+    for kw in (dict(num_workers=0), dict(num_workers=2, in_order=False, rank=1, world_size=4)):
+        with make(n, batch_size=32, seed=1, **kw) as dl:
+            it = iter(dl)
+            for _ in range(7):
+                next(it)
+            state = dl.state_dict()
+            text = json.dumps(state)
+        assert json.loads(text) == state
+        assert len(text) < 1024, text
+        assert all(not isinstance(v, list) or len(v) <= dl.prefetch for v in state.values())
+
+
+@pytest.mark.parametrize("key,theirs,mine", [
+    ("dataset_len", dict(n=20), dict(n=21)),
+    ("batch_size", dict(batch_size=4), dict(batch_size=5)),
+    ("world_size", dict(rank=0, world_size=2), dict(rank=0, world_size=3)),
+    ("drop_last", dict(drop_last=True), dict(drop_last=False)),
+    ("shuffle", dict(shuffle=True), dict(shuffle=False)),
+])
+def test_mismatch_is_an_error_naming_both_values(key, theirs, mine):
+    def build(over):
+        over = dict(over)
+        return make(over.pop("n", 20), seed=0, **over)
+
+    state = json.loads(json.dumps(build(theirs).state_dict()))
+    with pytest.raises(ValueError) as info:
+        build(mine).load_state_dict(state)
+    msg = str(info.value)
+    assert f"{key}={state[key]!r}" in msg and f"{key}={build(mine).state_dict()[key]!r}" in msg
+
+
+def test_bad_states_are_refused():
+    good = make(20, seed=0).state_dict()
+    with pytest.raises(ValueError, match="version"):
+        make(20).load_state_dict({**good, "version": 99})
+    with pytest.raises(ValueError, match="batches_done=9"):
+        make(20).load_state_dict({**good, "batches_done": 9})
+    with pytest.raises(TypeError):
+        make(20).load_state_dict(json.dumps(good))
