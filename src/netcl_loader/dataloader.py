@@ -455,7 +455,7 @@ class DataLoader:
         self._stopped = None
 
     # -- GPU -------------------------------------------------------------------
-    def bind_queue(self, queue):
+    def bind_queue(self, queue, *, allocator=None):
         """Upload every batch to ``queue``'s device while the last step runs (SPEC section 6).
 
         Parameters
@@ -463,17 +463,39 @@ class DataLoader:
         queue : pyopencl.CommandQueue or None
             Float32 fields of each batch become ``pyopencl.array.Array``
             objects filled by non-blocking copies (batches become
-            :class:`~netcl_loader.GpuBatch`); ``None`` unbinds.
+            :class:`~netcl_loader.GpuBatch`); other fields are NumPy arrays the
+            caller owns.  ``None`` unbinds (pending copies are waited for).
+        allocator : callable, optional
+            ``allocator(nbytes) -> pyopencl buffer`` for the device arrays;
+            by default a ``pyopencl.tools.MemoryPool`` tied to the queue's
+            context, reused batch after batch.
+
+        Notes
+        -----
+        The ring slot under a batch is freed only once its copies have
+        completed, polled without blocking.  An OpenCL error during an upload
+        yields the NumPy batch instead, with one RuntimeWarning, and is
+        counted in ``stats.upload_fallbacks``.  Workers never touch OpenCL, so
+        a queue may be bound before or after the worker pool exists.
+
+        Examples
+        --------
+        >>> queue = pyopencl.CommandQueue(pyopencl.create_some_context())
+        >>> loader.bind_queue(queue)
+        >>> for x, y in loader:      # x: pyopencl.array.Array (float32), y: numpy
+        ...     step(x, y)           # kernels on `queue` wait for x's copy by itself
         """
+        self._finish_uploads()
+        old, self._uploader = self._uploader, None
+        self._queue = None
+        if old is not None:
+            old.close()
         if queue is None:
-            self._finish_uploads()
-            self._queue = None
-            self._uploader = None
             return
         from .gpu_batch import Uploader
-        self._finish_uploads()
-        self._uploader = Uploader(queue)
+        self._uploader = Uploader(queue, allocator=allocator)
         self._queue = queue
+        self._warned_upload = False
 
     def _finish_uploads(self):
         it = self._active() if self._active is not None else None
@@ -529,6 +551,8 @@ class DataLoader:
         self._closed = True
         self._shutdown_pool()
         self._out_pool.clear()
+        if self._uploader is not None:
+            self._uploader.close()  # its pooled device buffers go back to OpenCL
 
     def __enter__(self):
         return self
@@ -549,6 +573,28 @@ class DataLoader:
         return (f"DataLoader({type(self.dataset).__name__} of {len(self.dataset)}, "
                 f"batch_size={self.batch_size}, shuffle={self.shuffle}, num_workers={self.num_workers}, "
                 f"prefetch={self.prefetch}, seed={self.seed})")
+
+
+def _read_only(batch):
+    """``batch`` with read-only views in place of its arrays (the arrays themselves untouched)."""
+    if isinstance(batch, np.ndarray):
+        view = batch.view()
+        view.flags.writeable = False
+        return view
+    if isinstance(batch, tuple):
+        items = [_read_only(b) for b in batch]
+        return type(batch)(*items) if hasattr(batch, "_fields") else tuple(items)
+    if isinstance(batch, list):
+        return [_read_only(b) for b in batch]
+    if isinstance(batch, dict):
+        return {k: _read_only(v) for k, v in batch.items()}
+    return batch
+
+
+def _describe_error(exc):
+    """``Type: message`` of an exception; pyopencl errors also name the routine and code."""
+    text = " ".join(str(a) for a in exc.args) if len(exc.args) > 1 else str(exc)
+    return f"{type(exc).__module__}.{type(exc).__qualname__}: {text}"
 
 
 def _describe_exit(wid, pid, code):
@@ -638,10 +684,27 @@ class _Pool:
         from multiprocessing import reduction
         seg = self.ring.grow(slot, nbytes)
         msg = TASK_HEADER.pack(KIND_REMAP, 0, 0, seg.nbytes, slot, 0)
-        for p, c in zip(self.procs, self.conns):
-            c.send_bytes(msg)
-            reduction.send_handle(c, seg.handle, p.pid)
+        for wid, (p, c) in enumerate(zip(self.procs, self.conns)):
+            self.send(wid, msg)
+            try:
+                reduction.send_handle(c, seg.handle, p.pid)
+            except (OSError, ValueError):
+                self.lost(wid)
         self.stats.ring_bytes = self.ring.nbytes
+
+    def send(self, wid, data):
+        try:
+            self.conns[wid].send_bytes(data)
+        except (OSError, ValueError):
+            self.lost(wid)
+
+    def lost(self, wid):
+        """Worker ``wid``'s pipe is closed: it is dying; raise the WorkerError that names it."""
+        p = self.procs[wid]
+        p.join(JOIN_SECONDS)  # its exit code, once the exit completes
+        self.check_alive()
+        self.close()
+        raise WorkerError(f"lost the connection to DataLoader worker {wid} (pid {p.pid})", pid=p.pid)
 
     def dispatch(self, token, seq, epoch, indices):
         slot = self.free[-1]
@@ -659,7 +722,7 @@ class _Pool:
             payload, flags = np.asarray(indices, np.int64).tobytes(), 0
         else:
             payload, flags = pickle.dumps(list(indices)), FLAG_PICKLED_INDICES
-        self.conns[wid].send_bytes(TASK_HEADER.pack(KIND_TASK, flags, token, seq, slot, epoch) + payload)
+        self.send(wid, TASK_HEADER.pack(KIND_TASK, flags, token, seq, slot, epoch) + payload)
         return slot, wid
 
     def refs(self, slot):
@@ -690,8 +753,7 @@ class _Pool:
             try:
                 msg = conn.recv()
             except (EOFError, OSError):
-                self.check_alive(force=True)
-                raise
+                self.lost(wid)
             if (msg[1], msg[2]) == key:
                 return msg
             if msg[1] == self.header.token():
@@ -700,8 +762,8 @@ class _Pool:
     def reap(self, token):
         """Free the slots of older iterations whose workers have finished with them."""
         for slot, task in enumerate(self.slot_task):
-            if task is None or task[0] == token:
-                continue
+            if task is None or task[0] == token or slot in self.lent:
+                continue  # a lent slot is freed by reclaim_lent once the caller drops it
             st = self.header.state(slot)
             if st == PIPED:
                 self.recv(task[2], task[0], task[1])
@@ -936,7 +998,8 @@ class _Iter:
         """Upload a batch whose arrays the loader owns (pipe path, num_workers=0)."""
         loader = self.loader
         if loader._uploader is None:
-            return batch
+            # zero_copy promises read-only arrays: piped and in-process batches too.
+            return _read_only(batch) if loader.zero_copy else batch
         try:
             gb = loader._uploader.upload(batch)
         except Exception as exc:
@@ -950,7 +1013,7 @@ class _Iter:
         loader._stats.upload_fallbacks += 1
         if not loader._warned_upload:
             loader._warned_upload = True
-            warnings.warn(f"OpenCL upload failed ({type(exc).__name__}: {exc}); yielding NumPy "
+            warnings.warn(f"OpenCL upload failed ({_describe_error(exc)}); yielding NumPy "
                           f"batches instead (counted in loader.stats.upload_fallbacks)",
                           RuntimeWarning, stacklevel=4)
 
