@@ -1,6 +1,7 @@
 """Distributed sharding (rank, world_size) and from_env(), in-process and under a real MPI launcher."""
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -247,14 +248,20 @@ def test_shards_under_mpirun(drop_last):
         cmd.append("--drop-last")
     env = {k: v for k, v in os.environ.items() if k not in ALL_VARS}  # mpirun sets its own
     env["OMPI_MCA_rmaps_base_oversubscribe"] = "1"
+    # Its own session, so that a hung job can be ended with every rank in it.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                              timeout=MPIRUN_TIMEOUT_SECONDS)
-    except subprocess.TimeoutExpired as exc:
-        text = [o.decode(errors="replace") if isinstance(o, bytes) else (o or "")
-                for o in (exc.stdout, exc.stderr)]
-        pytest.fail(f"mpirun did not finish in {MPIRUN_TIMEOUT_SECONDS} s; output:\n" + "\n".join(text))
-    out = proc.stdout + proc.stderr
+        stdout, stderr = proc.communicate(timeout=MPIRUN_TIMEOUT_SECONDS)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # mpirun passes SIGTERM on to the ranks
+        try:
+            stdout, stderr = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+        pytest.fail(f"mpirun did not finish in {MPIRUN_TIMEOUT_SECONDS} s; output:\n{stdout}\n{stderr}")
+    out = stdout + stderr
     assert proc.returncode == 0, out
-    verdict = [line for line in proc.stdout.splitlines() if line.startswith("mpi_shard_check:")]
+    verdict = [line for line in stdout.splitlines() if line.startswith("mpi_shard_check:")]
     assert verdict == [f"mpi_shard_check: PASS world_size=4 n=103 drop_last={drop_last} epochs=2"], out
