@@ -349,20 +349,27 @@ class OutputPool:
 
     def __init__(self):
         self._arrays = {}
+        self._free_refs = None
 
     def take(self, shape, dtype):
         lst = self._arrays.get((shape, dtype))
         if lst is None:
             lst = self._arrays[(shape, dtype)] = []
-        for a in lst:
-            # 3 = this list, the loop variable and getrefcount's argument.
-            if sys.getrefcount(a) == 3:
-                return a
+        for i in range(len(lst)):
+            if self._refs(lst, i) <= self._free_refs:
+                return lst[i]
         if len(lst) >= self.KEEP:
             lst.pop(0)
-        a = np.empty(shape, dtype)
-        lst.append(a)
-        return a
+        lst.append(np.empty(shape, dtype))
+        if self._free_refs is None:
+            # Measured by the same call as the checks, on an array nobody else
+            # holds: the count that means "dropped by the caller".
+            self._free_refs = self._refs(lst, len(lst) - 1)
+        return lst[-1]
+
+    @staticmethod
+    def _refs(lst, i):
+        return sys.getrefcount(lst[i])
 
     def clear(self):
         self._arrays.clear()
