@@ -308,3 +308,35 @@ def test_bad_states_are_refused():
         make(20).load_state_dict({**good, "batches_done": 9})
     with pytest.raises(TypeError):
         make(20).load_state_dict(json.dumps(good))
+
+
+def test_a_state_saved_by_rank_0_resumes_every_rank():
+    x = np.arange(40)
+    full = {}
+    for r in range(2):
+        with DataLoader(ArrayDataset(x), batch_size=4, num_workers=0, seed=9, rank=r,
+                        world_size=2) as loader:
+            full[r] = [b[0].tolist() for b in loader]
+    with DataLoader(ArrayDataset(x), batch_size=4, num_workers=0, seed=9, rank=0,
+                    world_size=2) as loader:
+        it = iter(loader)
+        next(it), next(it)
+        state = json.loads(json.dumps(loader.state_dict()))
+    with DataLoader(ArrayDataset(x), batch_size=4, num_workers=0, seed=9, rank=1,
+                    world_size=2) as loader:
+        loader.load_state_dict(state)
+        assert [b[0].tolist() for b in loader] == full[1][2:]
+
+
+def test_a_state_with_another_seed_restarts_the_workers_with_it():
+    x = np.arange(32)
+    with DataLoader(ArrayDataset(x), batch_size=4, num_workers=2, seed=1) as a:
+        state = a.state_dict()
+        ref = [b[0].tolist() for b in a]
+    with DataLoader(ArrayDataset(x), batch_size=4, num_workers=2, seed=2) as b:
+        list(b)
+        old = b.worker_pids
+        b.load_state_dict(state)
+        assert b.seed == 1
+        assert [t[0].tolist() for t in b] == ref
+        assert b.worker_pids and set(b.worker_pids).isdisjoint(old)

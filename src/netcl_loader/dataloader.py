@@ -434,24 +434,36 @@ class DataLoader:
         ------
         ValueError
             When the state belongs to a differently configured loader (dataset
-            length, batch_size, drop_last, shuffle, world_size, rank), naming both values.
+            length, batch_size, drop_last, shuffle, world_size), naming both values.
+
+        Notes
+        -----
+        The rank is not checked: with in-order delivery every rank is at the
+        same position, so a state saved by rank 0 resumes every rank.  A state
+        with another seed restarts the worker pool (workers seed from it).
         """
         if not isinstance(state, dict):
             raise TypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"state version {state.get('version')!r} is not {STATE_VERSION}")
         mine = self.state_dict()
-        for key in ("dataset_len", "batch_size", "drop_last", "shuffle", "world_size", "rank"):
+        for key in ("dataset_len", "batch_size", "drop_last", "shuffle", "world_size"):
             if state.get(key) != mine[key]:
                 raise ValueError(f"cannot resume: the state has {key}={state.get(key)!r} but this "
                                  f"loader has {key}={mine[key]!r}")
-        self.seed = int(state["seed"])
         prefix = int(state["batches_done"])
         n_batches = len(self)
         if not 0 <= prefix <= n_batches:
             raise ValueError(f"cannot resume: batches_done={prefix} is outside [0, {n_batches}]")
+        extra = set(int(x) for x in state.get("extra_done", []))
+        if any(not prefix < x < n_batches for x in extra):
+            raise ValueError(f"cannot resume: extra_done={sorted(extra)} must lie in "
+                             f"({prefix}, {n_batches})")
+        if int(state["seed"]) != self.seed:
+            self.seed = int(state["seed"])
+            self._shutdown_pool()  # its workers seed from the old one
         self._next_epoch = int(state["epoch"])
-        self._resume = (int(state["epoch"]), prefix, set(int(x) for x in state.get("extra_done", [])))
+        self._resume = (int(state["epoch"]), prefix, extra)
         self._stopped = None
 
     # -- GPU -------------------------------------------------------------------
