@@ -1,0 +1,749 @@
+"""netcl_loader against its peers on the three scenarios of SPEC section 9, in one run.
+
+Loaders compared, each on the same dataset object:
+
+- ``ours``: ``netcl_loader.DataLoader`` in its default copy mode, and with
+  ``zero_copy=True``; on ``small`` also over ``ArrayDataset`` (the batch fast
+  path), on ``aug`` also with a dataset whose ``__getitem__`` uses the fused
+  ``netcl_loader.augment.crop_flip_normalize`` instead of NumPy;
+- ``torch``: ``torch.utils.data.DataLoader`` with ``persistent_workers=True``
+  (when ``num_workers > 0``), otherwise its defaults;
+- ``netcl``: netcl's ``netcl.data.dataloader.DataLoader`` (PyPI), with its
+  default pipe transport and, with workers, its ``use_shared_mem=True`` ring;
+- ``memcpy``: the machine's limit, a single-threaded ``np.copyto`` of one
+  batch into a preallocated array (median of many copies, sampled before
+  each group of runs).
+
+Every run is one warm-up epoch (it starts the worker pool) and ``--epochs``
+measured ones; the training loop does nothing but count the bytes of each
+batch and drop it.  Repeats interleave every loader (their order rotates
+from one repeat to the next), so drifting load on the machine touches all of
+them alike.  Figures are medians over the measured epochs of all repeats.
+
+Usage::
+
+    python bench/peers.py                  # all scenarios, workers 0 and 2
+    python bench/peers.py --quick          # a smoke run, about 2 minutes on 2 cores
+    python bench/peers.py --scenarios big --workers 0 2 4 --epochs 5 --repeats 3 \\
+        --png bench/results/peers.png --json bench/results/peers.json
+
+It prints a markdown table of medians and ratios, our loader's memory across
+epochs (main-process RSS and ``/dev/shm``), and writes a PNG chart of
+throughput against ``num_workers``.  A peer that cannot be imported is
+reported as skipped.  Exit status 1 when one of our runs failed.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import multiprocessing
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+
+import numpy as np
+
+# --------------------------------------------------------------------------
+# SPEC section 9: the scenarios, exactly.
+# --------------------------------------------------------------------------
+
+BIG_SAMPLE = (3, 224, 224)      # float32, views of one preloaded array
+BIG_SAMPLES = 2048
+BIG_BATCH = 64
+SMALL_SAMPLE = (1, 28, 28)      # uint8
+SMALL_SAMPLES = 60000
+SMALL_BATCH = 128
+AUG_IMAGE = (256, 256, 3)       # uint8 HWC, cropped to float32 CHW
+AUG_CROP = 224
+AUG_SAMPLES = 1024
+AUG_BATCH = 64
+NUM_CLASSES = 10
+
+# Per-channel normalisation of the aug scenario, in uint8 units (ImageNet's).
+IMAGENET_MEAN = np.array([123.675, 116.28, 103.53], np.float32)
+IMAGENET_STD = np.array([58.395, 57.12, 57.375], np.float32)
+
+SCENARIOS = ("big", "small", "aug")
+#: Seed of our loader's order and of the data; peers draw their own orders.
+SEED = 0
+#: The memcpy limit: at least this many copies and this long, then the median.
+MEMCPY_MIN_COPIES = 30
+MEMCPY_MIN_SECONDS = 0.3
+#: How long a loader's worker processes get to exit after it is closed.
+CHILD_EXIT_SECONDS = 5.0
+#: RSS growth (bytes) past the first measured epoch that still counts as flat:
+#: allocator noise, not a leak (a leaked batch of `big` is 38.5 MB).
+FLAT_RSS_BYTES = 8 << 20
+FLAT_SHM_BYTES = 1 << 20
+
+FULL_DEFAULTS = {"epochs": 5, "repeats": 3, "flat_epochs": 50}
+QUICK_DEFAULTS = {"epochs": 1, "repeats": 1, "flat_epochs": 5}
+
+
+# --------------------------------------------------------------------------
+# Datasets (module level, so that spawned workers can unpickle them).
+# --------------------------------------------------------------------------
+
+class ViewDataset:
+    """Samples are ``(data[i], int label)``: views of one preloaded array (big, small)."""
+
+    def __init__(self, data, labels):
+        self.data = data
+        self.labels = labels
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        return self.data[i], int(self.labels[i])
+
+
+_rng_state = {"pid": None, "rng": None}
+
+
+def _process_rng():
+    """A NumPy Generator private to the calling process (workers are forked)."""
+    if _rng_state["pid"] != os.getpid():
+        _rng_state["pid"] = os.getpid()
+        _rng_state["rng"] = np.random.default_rng()
+    return _rng_state["rng"]
+
+
+class AugDataset:
+    """aug: a uint8 HWC image, random 224 crop, flip, normalise to float32 CHW, in NumPy."""
+
+    def __init__(self, images, labels):
+        self.images = images
+        self.labels = labels
+
+    def __len__(self):
+        return len(self.images)
+
+    def _window(self):
+        rng = _process_rng()
+        h, w = self.images.shape[1:3]
+        top = int(rng.integers(0, h - AUG_CROP + 1))
+        left = int(rng.integers(0, w - AUG_CROP + 1))
+        return top, left, bool(rng.random() < 0.5)
+
+    def __getitem__(self, i):
+        top, left, flip = self._window()
+        win = self.images[i, top:top + AUG_CROP, left:left + AUG_CROP]
+        if flip:
+            win = win[:, ::-1]
+        x = win.transpose(2, 0, 1).astype(np.float32, order="C")
+        x -= IMAGENET_MEAN[:, None, None]
+        x /= IMAGENET_STD[:, None, None]
+        return x, int(self.labels[i])
+
+
+class FusedAugDataset(AugDataset):
+    """aug with netcl_loader.augment.crop_flip_normalize: one nogil pass per image."""
+
+    def __getitem__(self, i):
+        from netcl_loader.augment import crop_flip_normalize
+
+        top, left, flip = self._window()
+        x = crop_flip_normalize(self.images[i], top, left, AUG_CROP, AUG_CROP, flip,
+                                IMAGENET_MEAN, IMAGENET_STD)
+        return x, int(self.labels[i])
+
+
+class Scenario:
+    """The datasets of one scenario and a reference batch for the memcpy limit."""
+
+    def __init__(self, name, batch_size, datasets, ref_batch, unit):
+        self.name = name
+        self.batch_size = batch_size
+        self.datasets = datasets       # kind -> dataset; "plain" is the peers' one
+        self.ref_batch = ref_batch     # tuple of C-contiguous arrays shaped like one batch
+        self.unit = unit               # what the chart plots: "GB/s" or "batches/s"
+
+
+def _filled(rng, shape, dtype):
+    """A preloaded (every page touched) array of random values; rows repeat with
+    a short period, as drawing 1.2 GB of random numbers would take seconds."""
+    data = np.empty(shape, dtype)
+    period = min(shape[0], _FILL_PERIOD)
+    if np.dtype(dtype).kind == "f":
+        block = rng.random((period,) + shape[1:], dtype=dtype)
+    else:
+        block = rng.integers(0, 256, (period,) + shape[1:], dtype=dtype)
+    for start in range(0, shape[0], period):
+        stop = min(start + period, shape[0])
+        data[start:stop] = block[:stop - start]
+    return data
+
+
+#: Distinct rows in a scenario's data (the loaders never look at values).
+_FILL_PERIOD = 97
+
+
+def make_scenario(name, rng=None, n=None):
+    """Build scenario ``name`` (``n`` overrides the sample count, for small benchmarks)."""
+    from netcl_loader import ArrayDataset
+
+    rng = np.random.default_rng(SEED) if rng is None else rng
+    if name == "big":
+        n = BIG_SAMPLES if n is None else n
+        data = _filled(rng, (n,) + BIG_SAMPLE, np.float32)
+        labels = rng.integers(0, NUM_CLASSES, n)
+        ref = (data[:BIG_BATCH].copy(), labels[:BIG_BATCH].copy())
+        return Scenario(name, BIG_BATCH, {"plain": ViewDataset(data, labels)}, ref, "GB/s")
+    if name == "small":
+        n = SMALL_SAMPLES if n is None else n
+        data = _filled(rng, (n,) + SMALL_SAMPLE, np.uint8)
+        labels = rng.integers(0, NUM_CLASSES, n)
+        ref = (data[:SMALL_BATCH].copy(), labels[:SMALL_BATCH].copy())
+        return Scenario(name, SMALL_BATCH, {"plain": ViewDataset(data, labels),
+                                            "ArrayDataset": ArrayDataset(data, labels)},
+                        ref, "batches/s")
+    if name == "aug":
+        n = AUG_SAMPLES if n is None else n
+        images = _filled(rng, (n,) + AUG_IMAGE, np.uint8)
+        labels = rng.integers(0, NUM_CLASSES, n)
+        ref = (np.ones((AUG_BATCH, AUG_IMAGE[2], AUG_CROP, AUG_CROP), np.float32),
+               labels[:AUG_BATCH].copy())
+        return Scenario(name, AUG_BATCH, {"plain": AugDataset(images, labels),
+                                          "fused": FusedAugDataset(images, labels)},
+                        ref, "GB/s")
+    raise ValueError(f"unknown scenario {name!r}; expected one of {SCENARIOS}")
+
+
+# --------------------------------------------------------------------------
+# Measuring
+# --------------------------------------------------------------------------
+
+def batch_nbytes(batch):
+    """Bytes of the array leaves of a batch (NumPy arrays or torch tensors)."""
+    if isinstance(batch, (tuple, list)):
+        return sum(batch_nbytes(b) for b in batch)
+    if isinstance(batch, dict):
+        return sum(batch_nbytes(b) for b in batch.values())
+    return int(getattr(batch, "nbytes", 0))
+
+
+def rss_bytes():
+    """Resident set size of this process, or None where /proc is missing."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def shm_bytes():
+    """Bytes in use on /dev/shm (the whole machine's, so other processes add noise)."""
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return None
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def memcpy_limit(ref_batch):
+    """(GB/s, batches/s) of a single-threaded ``np.copyto`` of one batch, median."""
+    src = [np.ascontiguousarray(a) for a in ref_batch]
+    dst = [np.zeros_like(a) for a in src]  # zeros_like touches every page
+    nbytes = sum(a.nbytes for a in src)
+    times = []
+    t_end = time.perf_counter() + MEMCPY_MIN_SECONDS
+    while len(times) < MEMCPY_MIN_COPIES or time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        for s, d in zip(src, dst):
+            np.copyto(d, s)
+        times.append(time.perf_counter() - t0)
+    med = statistics.median(times)
+    return nbytes / med / 1e9, 1.0 / med
+
+
+def run_epochs(loader, epochs, memory=False):
+    """One warm-up epoch and ``epochs`` measured ones; a record per measured epoch.
+
+    The loop touches nothing: it counts each batch's bytes and drops it at
+    once (our copy mode lends its ring slot until the batch is dropped).
+    """
+    records = []
+    for e in range(1 + epochs):
+        nbytes = nbatches = 0
+        first = None
+        t0 = time.perf_counter()
+        it = iter(loader)
+        while True:
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            if first is None:
+                first = time.perf_counter()
+            nbytes += batch_nbytes(batch)
+            nbatches += 1
+            del batch
+        seconds = time.perf_counter() - t0
+        del it
+        if e == 0:
+            continue
+        rec = {"epoch": e, "seconds": seconds, "bytes": nbytes, "batches": nbatches,
+               "start_seconds": (first - t0) if first is not None else None}
+        if memory:
+            rec["rss"] = rss_bytes()
+            rec["shm"] = shm_bytes()
+        records.append(rec)
+    return records
+
+
+def wait_children_exit(timeout=CHILD_EXIT_SECONDS):
+    """Child processes still alive after ``timeout`` seconds (reaps finished ones)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = multiprocessing.active_children()
+        if not alive or time.monotonic() >= deadline:
+            return [p.pid for p in alive]
+        time.sleep(0.02)
+
+
+# --------------------------------------------------------------------------
+# Loaders
+# --------------------------------------------------------------------------
+
+class LoaderSpec:
+    """How to build, name and close one loader variant."""
+
+    def __init__(self, label, family, kind, make, close, memory=False):
+        self.label = label      # shown in the table
+        self.family = family    # "ours", "torch", "netcl"
+        self.kind = kind        # which dataset of the scenario
+        self.make = make        # (dataset, batch_size, num_workers) -> loader
+        self.close = close      # loader -> None
+        self.memory = memory    # record RSS and /dev/shm per epoch
+
+
+def _import_peers():
+    """{family: module or None}, {family: reason skipped}."""
+    peers, skipped = {}, {}
+    try:
+        import torch.utils.data as tud
+        peers["torch"] = tud
+    except Exception as exc:  # ImportError, or a broken install
+        skipped["torch"] = f"{type(exc).__name__}: {exc}"
+    try:
+        import netcl.data.dataloader as ndl
+        peers["netcl"] = ndl
+    except Exception as exc:
+        skipped["netcl"] = f"{type(exc).__name__}: {exc}"
+    return peers, skipped
+
+
+def _version(dist):
+    try:
+        from importlib.metadata import version
+        return version(dist)
+    except Exception:
+        return "?"
+
+
+def _close_ours(loader):
+    loader.close()
+
+
+def _close_torch(loader):
+    # Persistent workers live in the loader's cached iterator: shut them down
+    # explicitly, then drop the loader so nothing holds them.
+    it = getattr(loader, "_iterator", None)
+    if it is not None and hasattr(it, "_shutdown_workers"):
+        it._shutdown_workers()
+    loader._iterator = None
+    del loader
+    gc.collect()
+
+
+def _close_netcl(loader):
+    loader.close()
+
+
+def loader_specs(scenario, num_workers, peers):
+    """The loader variants run for ``scenario`` at ``num_workers``."""
+    from netcl_loader import DataLoader
+
+    specs = []
+    for kind in scenario.datasets:
+        name = "ours" if kind == "plain" else f"ours {kind}"
+        for zero_copy in (False, True):
+            label = name + (" zero_copy" if zero_copy else "")
+            specs.append(LoaderSpec(
+                label, "ours", kind,
+                lambda ds, b, w, zc=zero_copy: DataLoader(ds, batch_size=b, shuffle=True,
+                                                          num_workers=w, seed=SEED, zero_copy=zc),
+                _close_ours, memory=True))
+    if "torch" in peers:
+        tud = peers["torch"]
+        specs.append(LoaderSpec(
+            "torch", "torch", "plain",
+            lambda ds, b, w: tud.DataLoader(ds, batch_size=b, shuffle=True, num_workers=w,
+                                            persistent_workers=w > 0),
+            _close_torch))
+    if "netcl" in peers:
+        ndl = peers["netcl"]
+        specs.append(LoaderSpec(
+            "netcl", "netcl", "plain",
+            lambda ds, b, w: ndl.DataLoader(ds, batch_size=b, shuffle=True, num_workers=w,
+                                            seed=SEED),
+            _close_netcl))
+        if num_workers > 0:  # without workers netcl ignores use_shared_mem
+            specs.append(LoaderSpec(
+                "netcl shm", "netcl", "plain",
+                lambda ds, b, w: ndl.DataLoader(ds, batch_size=b, shuffle=True, num_workers=w,
+                                                seed=SEED, use_shared_mem=True),
+                _close_netcl))
+    return specs
+
+
+def run_one(spec, scenario, num_workers, epochs):
+    """Build, run and close one loader; returns (records, error or None, stray pids)."""
+    loader = None
+    records, error = [], None
+    try:
+        loader = spec.make(scenario.datasets[spec.kind], scenario.batch_size, num_workers)
+        records = run_epochs(loader, epochs, memory=spec.memory)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        traceback.print_exc(file=sys.stderr)
+    finally:
+        if loader is not None:
+            try:
+                spec.close(loader)
+            except Exception as exc:
+                error = error or f"close failed: {type(exc).__name__}: {exc}"
+        del loader
+        gc.collect()
+    return records, error, wait_children_exit()
+
+
+# --------------------------------------------------------------------------
+# Summaries
+# --------------------------------------------------------------------------
+
+def summarise(records):
+    if not records:
+        return None
+    gbps = [r["bytes"] / r["seconds"] / 1e9 for r in records]
+    bps = [r["batches"] / r["seconds"] for r in records]
+    starts = [r["start_seconds"] for r in records if r["start_seconds"] is not None]
+    med = statistics.median(gbps)
+    return {
+        "gbps": med,
+        "batches_per_s": statistics.median(bps),
+        "start_ms": 1e3 * statistics.median(starts) if starts else None,
+        # Half the range over the median: how far one epoch strays.
+        "spread": (max(gbps) - min(gbps)) / 2 / med if med else 0.0,
+        "epochs": len(records),
+    }
+
+
+def _fmt(x, digits=2):
+    if x is None:
+        return "-"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    if abs(x) >= 100:
+        return f"{x:.0f}"
+    return f"{x:.{digits}f}"
+
+
+def results_table(results, memcpy, scenarios, workers):
+    """The markdown table of medians and ratios."""
+    lines = ["| scenario | loader | workers | GB/s | batches/s | x torch | x memcpy | "
+             "start ms | spread |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for sc in scenarios:
+        if memcpy.get(sc):
+            g = statistics.median(m[0] for m in memcpy[sc])
+            b = statistics.median(m[1] for m in memcpy[sc])
+            lines.append(f"| {sc} | memcpy limit | - | {_fmt(g)} | {_fmt(b)} | | 1.00 | | |")
+        for w in workers:
+            torch = results.get((sc, "torch", w), {}).get("summary")
+            for (s, label, ww), res in results.items():
+                if s != sc or ww != w:
+                    continue
+                summ = res.get("summary")
+                if summ is None:
+                    lines.append(f"| {sc} | {label} | {w} | failed: {res.get('error')} "
+                                 f"| | | | | |")
+                    continue
+                x_torch = summ["gbps"] / torch["gbps"] if torch else None
+                x_mem = (summ["gbps"] / statistics.median(m[0] for m in memcpy[sc])
+                         if memcpy.get(sc) else None)
+                lines.append(
+                    f"| {sc} | {label} | {w} | {_fmt(summ['gbps'])} | "
+                    f"{_fmt(summ['batches_per_s'])} | {_fmt(x_torch)} | {_fmt(x_mem)} | "
+                    f"{_fmt(summ['start_ms'], 1)} | {100 * summ['spread']:.0f}% |")
+    return "\n".join(lines)
+
+
+def memory_rows(label_records):
+    """(label, epochs, rss first/last/growth, shm growth, verdict) for each run."""
+    rows = []
+    for label, recs in label_records:
+        recs = [r for r in recs if r.get("rss") is not None]
+        if len(recs) < 2:
+            continue
+        rss0, rss1 = recs[0]["rss"], recs[-1]["rss"]
+        rss_max = max(r["rss"] for r in recs)
+        shm = [r["shm"] for r in recs if r.get("shm") is not None]
+        shm_growth = (shm[-1] - shm[0]) if len(shm) >= 2 else None
+        flat = (rss_max - rss0 <= FLAT_RSS_BYTES
+                and (shm_growth is None or shm_growth <= FLAT_SHM_BYTES))
+        rows.append({"run": label, "epochs": len(recs) + 1, "rss_first": rss0, "rss_last": rss1,
+                     "rss_max_growth": rss_max - rss0, "shm_growth": shm_growth,
+                     "flat": flat})
+    return rows
+
+
+def memory_table(rows):
+    mib = 1 << 20
+    lines = ["| run | epochs | RSS after 2nd epoch MiB | RSS last MiB | max RSS growth MiB | "
+             "/dev/shm growth MiB | flat |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        shm = "-" if r["shm_growth"] is None else f"{r['shm_growth'] / mib:+.1f}"
+        lines.append(f"| {r['run']} | {r['epochs']} | {r['rss_first'] / mib:.1f} | "
+                     f"{r['rss_last'] / mib:.1f} | {r['rss_max_growth'] / mib:+.1f} | {shm} | "
+                     f"{'yes' if r['flat'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+def write_chart(path, results, memcpy, scenarios, workers, unit_of):
+    """Throughput against num_workers, one panel per scenario, one line per loader."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as exc:
+        print(f"chart skipped: matplotlib unavailable ({type(exc).__name__}: {exc})")
+        return False
+    fig, axes = plt.subplots(1, len(scenarios), figsize=(5.5 * len(scenarios), 4.5),
+                             squeeze=False)
+    all_labels = sorted({label for (_s, label, _w) in results},
+                        key=lambda l: (not l.startswith("ours"), l))
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colour = {label: cycle[i % len(cycle)] for i, label in enumerate(all_labels)}
+    for ax, sc in zip(axes[0], scenarios):
+        unit = unit_of[sc]
+        key = "gbps" if unit == "GB/s" else "batches_per_s"
+        labels = sorted({label for (s, label, _w) in results if s == sc},
+                        key=lambda l: (not l.startswith("ours"), l))
+        for label in labels:
+            xs, ys = [], []
+            for w in workers:
+                summ = results.get((sc, label, w), {}).get("summary")
+                if summ is not None:
+                    xs.append(w)
+                    ys.append(summ[key])
+            if xs:
+                style = "-" if label.startswith("ours") else "--"
+                ax.plot(xs, ys, style, marker="o", label=label, color=colour[label])
+        if memcpy.get(sc):
+            limit = statistics.median(m[0 if unit == "GB/s" else 1] for m in memcpy[sc])
+            ax.axhline(limit, color="black", linestyle=":", label="memcpy limit (1 thread)")
+        ax.set_title(f"{sc}: batch {SCENARIO_BATCH[sc]}")
+        ax.set_xlabel("num_workers")
+        ax.set_ylabel(unit)
+        ax.set_xticks(list(workers))
+        ax.set_ylim(bottom=0)
+        if unit == "batches/s":
+            ax.set_yscale("symlog", linthresh=100)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("netcl_loader vs peers (median of measured epochs)")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+SCENARIO_BATCH = {"big": BIG_BATCH, "small": SMALL_BATCH, "aug": AUG_BATCH}
+
+
+# --------------------------------------------------------------------------
+# Main
+# --------------------------------------------------------------------------
+
+def parse_args(argv=None):
+    here = os.path.dirname(os.path.abspath(__file__))
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
+    p.add_argument("--workers", nargs="+", type=int, default=[0, 2],
+                   help="num_workers values (default: 0 2)")
+    p.add_argument("--epochs", type=int, default=None,
+                   help=f"measured epochs per run, after one warm-up epoch "
+                        f"(default {FULL_DEFAULTS['epochs']}, --quick {QUICK_DEFAULTS['epochs']})")
+    p.add_argument("--repeats", type=int, default=None,
+                   help=f"interleaved repetitions of every run "
+                        f"(default {FULL_DEFAULTS['repeats']}, --quick {QUICK_DEFAULTS['repeats']})")
+    p.add_argument("--flat-epochs", type=int, default=None,
+                   help=f"epochs of the memory flat check of our loader per scenario, 0 to skip "
+                        f"(default {FULL_DEFAULTS['flat_epochs']}, "
+                        f"--quick {QUICK_DEFAULTS['flat_epochs']})")
+    p.add_argument("--png", default=os.path.join(here, "results", "peers.png"),
+                   help="chart path ('' for none; default bench/results/peers.png)")
+    p.add_argument("--json", default=os.path.join(here, "results", "peers.json"),
+                   help="raw results path ('' for none; default bench/results/peers.json)")
+    p.add_argument("--torch-threads", type=int, default=None,
+                   help="torch.set_num_threads in this process (default: torch's own, one per "
+                        "core; its intra-op threads collate when num_workers=0 and slow down "
+                        "badly when other processes compete for the cores)")
+    p.add_argument("--quick", action="store_true",
+                   help="fewer epochs and repeats: a smoke run, noisy figures")
+    args = p.parse_args(argv)
+    defaults = QUICK_DEFAULTS if args.quick else FULL_DEFAULTS
+    for k, v in defaults.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    if args.epochs < 1 or args.repeats < 1 or args.flat_epochs < 0:
+        p.error("--epochs and --repeats must be >= 1, --flat-epochs >= 0")
+    if any(w < 0 for w in args.workers):
+        p.error("--workers must be >= 0")
+    args.workers = sorted(set(args.workers))
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    t_start = time.perf_counter()
+    peers, skipped = _import_peers()
+    import netcl_loader
+
+    if "torch" in peers and args.torch_threads:
+        sys.modules["torch"].set_num_threads(args.torch_threads)
+
+    print(f"# netcl_loader {netcl_loader.__version__} vs peers: scenarios {args.scenarios}, "
+          f"workers {args.workers}, {args.epochs} measured epochs after 1 warm-up, "
+          f"{args.repeats} repeats")
+    print(f"# {platform.platform()}, Python {platform.python_version()}, numpy {np.__version__}, "
+          f"{os.cpu_count()} CPUs" + "".join(
+              f", {name} {_version(name)}" for name in ("torch", "netcl") if name in peers)
+          + (f" ({sys.modules['torch'].get_num_threads()} intra-op threads)" if "torch" in peers
+             else ""))
+    for name, why in skipped.items():
+        print(f"# skipped peer {name}: {why}")
+
+    scenarios = {}
+    for name in args.scenarios:
+        t0 = time.perf_counter()
+        scenarios[name] = make_scenario(name)
+        print(f"# built {name} in {time.perf_counter() - t0:.1f} s", flush=True)
+
+    results = {}   # (scenario, label, workers) -> {"records": [...], "error", "stray"}
+    memcpy = {name: [] for name in args.scenarios}
+    failed_ours = False
+    for rep in range(args.repeats):
+        for name, sc in scenarios.items():
+            for w in args.workers:
+                # Sampled next to the runs it is compared with, as the load drifts.
+                memcpy[name].append(memcpy_limit(sc.ref_batch))
+                specs = loader_specs(sc, w, peers)
+                k = rep % len(specs)
+                for spec in specs[k:] + specs[:k]:   # rotate: nobody always runs first
+                    t0 = time.perf_counter()
+                    records, error, stray = run_one(spec, sc, w, args.epochs)
+                    res = results.setdefault((name, spec.label, w),
+                                             {"records": [], "runs": [], "errors": [],
+                                              "stray": []})
+                    res["records"].extend(records)
+                    res["runs"].append(records)
+                    if error:
+                        res["errors"].append(error)
+                        failed_ours |= spec.family == "ours"
+                    if stray:
+                        res["stray"].append(stray)
+                    print(f"# rep {rep} {name} w={w} {spec.label}: "
+                          f"{time.perf_counter() - t0:.1f} s"
+                          + (f" ERROR {error}" if error else "")
+                          + (f" STRAY PIDS {stray}" if stray else ""), flush=True)
+    for res in results.values():
+        res["summary"] = summarise(res["records"])
+        res["error"] = "; ".join(res["errors"]) or None
+
+    # Memory: every run of ours, plus one long run per scenario.
+    flat_runs = []
+    if args.flat_epochs:
+        from netcl_loader import DataLoader
+        w = max(args.workers)
+        for name, sc in scenarios.items():
+            t0 = time.perf_counter()
+            try:
+                with DataLoader(sc.datasets["plain"], batch_size=sc.batch_size, shuffle=True,
+                                num_workers=w, seed=SEED) as loader:
+                    recs = run_epochs(loader, args.flat_epochs - 1, memory=True)
+                    stats = loader.stats.summary()
+            except Exception as exc:
+                traceback.print_exc(file=sys.stderr)
+                print(f"# flat check {name}: ERROR {type(exc).__name__}: {exc}")
+                failed_ours = True
+                continue
+            stray = wait_children_exit()
+            flat_runs.append((f"{name} ours w={w}, {args.flat_epochs} epochs", recs))
+            print(f"# flat check {name}: {time.perf_counter() - t0:.1f} s"
+                  + (f" STRAY PIDS {stray}" if stray else "") + f"; {stats}", flush=True)
+
+    per_run = memory_rows([(f"{s} {label} w={w}", recs)
+                           for (s, label, w), res in results.items() if label.startswith("ours")
+                           for recs in res["runs"]])
+    mem_rows = memory_rows(flat_runs)
+
+    table = results_table(results, memcpy, args.scenarios, args.workers)
+    print()
+    print(table)
+    print()
+    print("GB/s and batches/s: median over measured epochs (iter() to the last batch, pool warm); "
+          "x torch, x memcpy: GB/s ratios in the same run; start ms: iter() to the first batch "
+          "with a warm pool (median); spread: half the range of per-epoch GB/s over the median.")
+    if mem_rows:
+        print()
+        print(memory_table(mem_rows))
+    if per_run:
+        worst = max(per_run, key=lambda r: r["rss_max_growth"])
+        print(f"\nWithin the {len(per_run)} timed runs of ours: largest RSS growth after the "
+              f"2nd epoch {worst['rss_max_growth'] / 2**20:+.1f} MiB ({worst['run']}); "
+              f"runs not flat: {[r['run'] for r in per_run if not r['flat']] or 'none'}")
+    for (s, label, w), res in results.items():
+        if res["stray"]:
+            print(f"WARNING: {s} {label} w={w}: child processes still alive "
+                  f"{CHILD_EXIT_SECONDS:.0f} s after close: {res['stray']}")
+    for name, why in skipped.items():
+        print(f"skipped: {name} ({why})")
+
+    unit_of = {name: sc.unit for name, sc in scenarios.items()}
+    if args.png:
+        if write_chart(args.png, results, memcpy, args.scenarios, args.workers, unit_of):
+            print(f"chart: {args.png}")
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        out = {
+            "args": vars(args),
+            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                        "python": platform.python_version(), "numpy": np.__version__},
+            "skipped": skipped,
+            "memcpy": {k: [{"gbps": g, "batches_per_s": b} for g, b in v]
+                       for k, v in memcpy.items()},
+            "results": [{"scenario": s, "loader": label, "workers": w, **res}
+                        for (s, label, w), res in results.items()],
+            "memory": mem_rows,
+            "memory_timed_runs": per_run,
+            "flat_runs": [{"run": label, "records": recs} for label, recs in flat_runs],
+            "table": table,
+        }
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1, default=str)
+        print(f"json: {args.json}")
+    print(f"# total {time.perf_counter() - t_start:.0f} s")
+    return 1 if failed_ours else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
