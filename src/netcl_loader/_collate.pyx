@@ -166,6 +166,10 @@ cdef object _stack_arrays(list vals, list indices, str path, object alloc):
                 out[i] = vals[i]
             return out
         for i in range(B):
+            # dtype before the buffer: a datetime exports none, and a shape
+            # check on itemsizes would report a dtype change as a shape one.
+            if i and vals[i].dtype is not dtype and vals[i].dtype != dtype:
+                _mismatch(indices, i, path, "dtype", dtype, vals[i].dtype)
             PyObject_GetBuffer(vals[i], &views[i], PyBUF_RECORDS_RO)
             got += 1
         item_bytes = views[0].len

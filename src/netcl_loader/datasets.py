@@ -151,7 +151,7 @@ def random_split(dataset, lengths, seed=None):
         if isinstance(v, bool) or not isinstance(v, numbers.Real) or v < 0:
             raise ValueError(f"random_split: lengths must be non-negative ints or fractions, "
                              f"got {v!r} in {lengths!r}")
-    if math.isclose(sum(lengths), 1.0, abs_tol=1e-9) and sum(lengths) <= 1 and n != 1:
+    if math.isclose(sum(lengths), 1.0, abs_tol=1e-9) and sum(lengths) <= 1:
         # Fractions (PyTorch's rule: lengths summing to 1 are fractions).
         sizes = [int(math.floor(n * f)) for f in lengths]
         for i in range(n - sum(sizes)):

@@ -1,0 +1,375 @@
+"""Collation (SPEC §3): the compiled collate, directly and through the loader's workers."""
+import collections
+import re
+import sys
+
+import numpy as np
+import pytest
+
+from netcl_loader import DataLoader, get_worker_info
+from netcl_loader._collate import collate
+
+#: Seconds one batch may take before a test fails instead of hanging.
+BATCH_TIMEOUT_SECONDS = 30
+
+Point = collections.namedtuple("Point", ["x", "label"])
+
+
+class ListDataset:
+    """Samples given as a list; picklable."""
+
+    def __init__(self, samples):
+        self.samples = samples
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        return self.samples[i]
+
+
+def load_all(samples, batch_size, num_workers=2, **kw):
+    loader = DataLoader(ListDataset(samples), batch_size=batch_size, shuffle=False,
+                        num_workers=num_workers, timeout=BATCH_TIMEOUT_SECONDS, **kw)
+    with loader:
+        return list(loader)
+
+
+def word(n):
+    """A regex matching ``n`` as a whole number (not as part of a longer one)."""
+    return re.compile(rf"(?<!\d){n}(?!\d)")
+
+
+# -- structure -----------------------------------------------------------
+
+def test_dict_samples_give_a_dict_with_the_same_keys():
+    samples = [{"image": np.full((2, 3), i, np.float32), "label": i, "name": f"s{i}"}
+               for i in range(4)]
+    batch = collate(samples)
+    assert isinstance(batch, dict)
+    assert list(batch) == ["image", "label", "name"]
+    np.testing.assert_array_equal(batch["image"], np.stack([s["image"] for s in samples]))
+    assert batch["image"].dtype == np.float32
+    np.testing.assert_array_equal(batch["label"], np.arange(4))
+    assert batch["label"].dtype == np.int64
+    assert batch["name"] == ["s0", "s1", "s2", "s3"]
+
+
+def test_nested_tuple_and_list_keep_their_structure():
+    samples = [(np.arange(3) + i, [np.float32(i), (i, {"k": np.ones(2, np.uint8) * i})])
+               for i in range(3)]
+    batch = collate(samples)
+    assert type(batch) is tuple and len(batch) == 2
+    np.testing.assert_array_equal(batch[0], np.stack([np.arange(3) + i for i in range(3)]))
+    assert type(batch[1]) is list and len(batch[1]) == 2
+    np.testing.assert_array_equal(batch[1][0], np.array([0, 1, 2], np.float32))
+    assert batch[1][0].dtype == np.float32
+    inner = batch[1][1]
+    assert type(inner) is tuple
+    np.testing.assert_array_equal(inner[0], [0, 1, 2])
+    assert inner[0].dtype == np.int64
+    assert isinstance(inner[1], dict)
+    np.testing.assert_array_equal(inner[1]["k"], [[0, 0], [1, 1], [2, 2]])
+    assert inner[1]["k"].dtype == np.uint8
+
+
+def test_namedtuple_samples_give_the_same_namedtuple():
+    samples = [Point(np.full(2, i, np.float64), i) for i in range(3)]
+    batch = collate(samples)
+    assert isinstance(batch, tuple)
+    assert type(batch) is Point
+    np.testing.assert_array_equal(batch.x, [[0, 0], [1, 1], [2, 2]])
+    np.testing.assert_array_equal(batch.label, [0, 1, 2])
+
+
+# -- scalars -------------------------------------------------------------
+
+@pytest.mark.parametrize("values, dtype", [
+    ([1, 2, -3], np.int64),
+    ([1.5, 2.0, -3.25], np.float64),
+    ([True, False, True], np.bool_),
+    ([np.float32(1.5), np.float32(2), np.float32(3)], np.float32),
+    ([np.int16(-1), np.int16(2), np.int16(3)], np.int16),
+    ([np.uint8(255), np.uint8(0), np.uint8(7)], np.uint8),
+    ([np.bool_(True), np.bool_(False), np.bool_(True)], np.bool_),
+    ([np.float16(0.5), np.float16(1), np.float16(2)], np.float16),
+    ([np.complex64(1 + 2j), np.complex64(0), np.complex64(3j)], np.complex64),
+    ([np.int64(2**40), np.int64(-1), np.int64(0)], np.int64),
+], ids=["int", "float", "bool", "np.float32", "np.int16", "np.uint8", "np.bool_",
+        "np.float16", "np.complex64", "np.int64"])
+def test_scalars_become_arrays_of_their_dtype(values, dtype):
+    batch = collate([(v,) for v in values])
+    assert isinstance(batch[0], np.ndarray)
+    assert batch[0].dtype == dtype
+    assert batch[0].shape == (3,)
+    np.testing.assert_array_equal(batch[0], np.array(values, dtype=dtype))
+
+
+def test_python_int_is_int64_on_every_platform():
+    # np.array([1]) is int32 on Windows with NumPy < 2; SPEC says int64.
+    assert collate([1, 2]).dtype == np.int64
+
+
+def test_bare_scalar_and_bare_array_samples():
+    np.testing.assert_array_equal(collate([3, 4, 5]), [3, 4, 5])
+    b = collate([np.arange(4, dtype=np.int32) * i for i in range(3)])
+    assert b.dtype == np.int32 and b.shape == (3, 4)
+
+
+def test_zero_dimensional_arrays_stack_to_one_dimension():
+    b = collate([np.array(1.5, np.float32), np.array(2.5, np.float32)])
+    assert b.shape == (2,) and b.dtype == np.float32
+    np.testing.assert_array_equal(b, [1.5, 2.5])
+
+
+# -- other leaves ----------------------------------------------------------
+
+def test_strings_bytes_none_and_objects_become_lists():
+    objs = [object(), object()]
+    samples = [("a", b"x", None, objs[0], np.zeros(1)), ("bc", b"yz", None, objs[1], np.ones(1))]
+    batch = collate(samples)
+    assert batch[0] == ["a", "bc"]
+    assert batch[1] == [b"x", b"yz"]
+    assert batch[2] == [None, None]
+    assert batch[3][0] is objs[0] and batch[3][1] is objs[1]
+    assert type(batch[3]) is list
+    np.testing.assert_array_equal(batch[4], [[0.0], [1.0]])
+
+
+# -- array leaves ----------------------------------------------------------
+
+def test_non_contiguous_samples_are_stacked_correctly():
+    base = np.arange(4 * 6 * 8, dtype=np.float64).reshape(4, 6, 8)
+    samples = [
+        (base[i, :, ::2],           # strided
+         base[i].T,                 # transposed (Fortran order)
+         base[i, ::-1, 1:5],        # negative stride
+         np.asfortranarray(base[i]))
+        for i in range(4)
+    ]
+    batch = collate(samples)
+    for field in range(4):
+        expected = np.stack([s[field] for s in samples])
+        np.testing.assert_array_equal(batch[field], expected)
+        assert batch[field].dtype == expected.dtype
+        assert batch[field].shape == expected.shape
+
+
+def test_broadcast_view_samples_are_stacked_correctly():
+    # Zero strides: a view whose bytes are far fewer than its elements.
+    samples = [np.broadcast_to(np.float32(i), (3, 5)) for i in range(3)]
+    batch = collate(samples)
+    np.testing.assert_array_equal(batch, np.stack(samples))
+
+
+@pytest.mark.parametrize("dtype", [
+    np.dtype([("a", "<i4"), ("b", "<f8"), ("c", "S3")]),
+    np.dtype(">f4"),
+    np.dtype("complex128"),
+    np.dtype("float16"),
+    np.dtype("bool"),
+    np.dtype("uint64"),
+    np.dtype("datetime64[ms]"),
+    np.dtype("U4"),
+], ids=["structured", "big-endian", "complex128", "float16", "bool", "uint64", "datetime64", "unicode"])
+def test_other_dtypes_are_kept(dtype):
+    rng = np.random.default_rng(0)
+    raw = rng.integers(0, 100, size=(3, 2, 5)).astype(np.uint8)
+    samples = []
+    for i in range(3):
+        if dtype.names:
+            a = np.zeros((2, 5), dtype)
+            a["a"] = raw[i]
+            a["b"] = raw[i] / 7
+            a["c"] = b"ab"
+        elif dtype.kind == "U":
+            a = raw[i].astype(str).astype(dtype)
+        elif dtype.kind == "M":
+            a = raw[i].astype(np.int64).astype(dtype)
+        else:
+            a = raw[i].astype(dtype)
+        samples.append(a)
+    batch = collate(samples)
+    assert batch.dtype == dtype
+    np.testing.assert_array_equal(batch, np.stack(samples))
+
+
+def test_object_arrays_keep_their_objects_alive():
+    class Payload:
+        def __init__(self, v):
+            self.v = v
+
+    samples = [np.array([Payload(i), Payload(10 * i)], dtype=object) for i in range(3)]
+    batch = collate(samples)
+    assert batch.dtype == object and batch.shape == (3, 2)
+    del samples
+    import gc
+    gc.collect()
+    # A raw memcpy of object pointers would leave dangling references here.
+    assert [[p.v for p in row] for row in batch] == [[0, 0], [1, 10], [2, 20]]
+    before = [sys.getrefcount(p) for p in batch.ravel()]
+    again = collate(list(batch))
+    after = [sys.getrefcount(p) for p in batch.ravel()]
+    assert all(a == b + 1 for a, b in zip(after, before))
+    del again
+
+
+def test_result_owns_its_memory_after_samples_change():
+    samples = [np.arange(5) + i for i in range(3)]
+    batch = collate(samples)
+    for s in samples:
+        s[:] = -1
+    np.testing.assert_array_equal(batch, [np.arange(5) + i for i in range(3)])
+
+
+def test_alloc_receives_shape_and_dtype_and_is_written():
+    calls = []
+
+    def alloc(shape, dtype):
+        buf = np.empty(shape, dtype)
+        calls.append((tuple(shape), np.dtype(dtype), buf))
+        return buf
+
+    samples = [(np.full((2, 2), i, np.float32), np.arange(3, dtype=np.int16) + i) for i in range(4)]
+    batch = collate(samples, list(range(4)), alloc)
+    shapes = sorted((c[0], str(c[1])) for c in calls)
+    assert shapes == [((4, 2, 2), "float32"), ((4, 3), "int16")]
+    np.testing.assert_array_equal(batch[0], np.stack([s[0] for s in samples]))
+    np.testing.assert_array_equal(batch[1], np.stack([s[1] for s in samples]))
+    # The batch lives in the buffers alloc handed out.
+    bufs = [c[2] for c in calls]
+    assert any(np.shares_memory(batch[0], b) for b in bufs)
+
+
+# -- mismatches -------------------------------------------------------------
+
+def test_shape_mismatch_names_indices_field_and_both_shapes():
+    samples = [(np.zeros((2, 3)), 0), (np.zeros((2, 3)), 1), (np.zeros((4, 5)), 2)]
+    with pytest.raises(ValueError) as info:
+        collate(samples, [71, 72, 73])
+    msg = str(info.value)
+    assert word(71).search(msg) and word(73).search(msg), msg
+    assert "[0]" in msg, msg
+    assert "(2, 3)" in msg and "(4, 5)" in msg, msg
+
+
+def test_dtype_mismatch_names_indices_field_and_both_dtypes():
+    samples = [{"image": np.zeros(3, np.float32)}, {"image": np.zeros(3, np.float64)}]
+    with pytest.raises(ValueError) as info:
+        collate(samples, [804, 95])
+    msg = str(info.value)
+    assert word(804).search(msg) and word(95).search(msg), msg
+    assert "['image']" in msg, msg
+    assert "float32" in msg and "float64" in msg, msg
+
+
+@pytest.mark.parametrize("a, b", [
+    (np.zeros(2, np.float32), np.zeros(2, np.float64)),
+    (np.zeros(2, np.int32), np.zeros(2, np.float32)),
+    (np.zeros(2), np.zeros(2, "datetime64[ms]")),
+    (np.zeros(2, "datetime64[ms]"), np.zeros(2)),
+    (np.zeros(2), np.zeros(2, object)),
+    (np.zeros(2, "U2"), np.zeros(2, "U3")),
+    (np.float32(1), np.float64(1)),
+], ids=["f32-f64", "i32-f32", "f64-datetime", "datetime-f64", "f64-object", "U2-U3",
+        "scalar-f32-f64"])
+def test_every_dtype_mismatch_is_reported_as_dtypes(a, b):
+    with pytest.raises(ValueError) as info:
+        collate([(a,), (a,), (b,)], [40, 41, 42])
+    msg = str(info.value)
+    assert word(40).search(msg) and word(42).search(msg), msg
+    assert "[0]" in msg, msg
+    assert str(a.dtype) in msg and str(b.dtype) in msg, msg
+
+
+def test_nested_field_path_is_named():
+    samples = [(0, {"a": np.zeros(2)}), (1, {"a": np.zeros(3)})]
+    with pytest.raises(ValueError) as info:
+        collate(samples, [5, 6])
+    msg = str(info.value)
+    assert "[1]['a']" in msg, msg
+    assert "(2,)" in msg and "(3,)" in msg, msg
+
+
+@pytest.mark.parametrize("samples", [
+    [{"a": 1, "b": 2}, {"a": 1, "c": 2}],
+    [{"a": 1, "b": 2}, {"a": 1}],
+    [(1, 2), (1, 2, 3)],
+    [(1, 2), [1, 2]],
+    [(np.zeros(2), 1), ({"x": np.zeros(2)}, 1)],
+    [(np.zeros(2),), (5,)],
+    [((1, 2),), (3,)],
+], ids=["keys-differ", "key-missing", "tuple-length", "tuple-vs-list", "array-vs-dict",
+        "array-vs-int", "tuple-vs-int"])
+def test_structure_mismatch_is_a_value_error_naming_the_indices(samples):
+    with pytest.raises(ValueError) as info:
+        collate(samples, [1234, 5678])
+    msg = str(info.value)
+    assert word(1234).search(msg) and word(5678).search(msg), msg
+
+
+# -- through the loader ---------------------------------------------------
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_loader_collates_dicts_scalars_and_strings(num_workers):
+    samples = [{"x": np.full(3, i, np.float32), "y": i, "w": i / 2, "name": f"n{i}",
+                "t": (np.int16(i), [True, None])} for i in range(7)]
+    batches = load_all(samples, 3, num_workers=num_workers)
+    assert [len(b["y"]) for b in batches] == [3, 3, 1]
+    b = batches[1]
+    np.testing.assert_array_equal(b["x"], [[3] * 3, [4] * 3, [5] * 3])
+    assert b["x"].dtype == np.float32
+    assert b["y"].dtype == np.int64 and b["y"].tolist() == [3, 4, 5]
+    assert b["w"].dtype == np.float64 and b["w"].tolist() == [1.5, 2.0, 2.5]
+    assert b["name"] == ["n3", "n4", "n5"]
+    assert type(b["t"]) is tuple and b["t"][0].dtype == np.int16
+    assert type(b["t"][1]) is list
+    assert b["t"][1][0].dtype == np.bool_ and b["t"][1][1] == [None, None, None]
+
+
+def test_loader_collates_namedtuples_in_workers():
+    samples = [Point(np.full(2, i, np.float32), i) for i in range(4)]
+    batches = load_all(samples, 2)
+    assert type(batches[0]) is Point
+    np.testing.assert_array_equal(batches[1].label, [2, 3])
+
+
+def test_loader_collates_non_contiguous_samples_in_workers():
+    base = np.arange(6 * 4 * 6, dtype=np.int32).reshape(6, 4, 6)
+    samples = [(base[i, :, ::3], base[i].T) for i in range(6)]
+    batches = load_all(samples, 4)
+    np.testing.assert_array_equal(batches[0][0], np.stack([s[0] for s in samples[:4]]))
+    np.testing.assert_array_equal(batches[1][1], np.stack([s[1] for s in samples[4:]]))
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_loader_shape_mismatch_names_dataset_indices_and_shapes(num_workers):
+    samples = [(np.zeros((2,), np.float32), i) for i in range(30)]
+    samples[17] = (np.zeros((5,), np.float32), 17)
+    loader = DataLoader(ListDataset(samples), batch_size=10, shuffle=False,
+                        num_workers=num_workers, timeout=BATCH_TIMEOUT_SECONDS)
+    with loader:
+        it = iter(loader)
+        next(it)
+        with pytest.raises(ValueError) as info:
+            next(it)
+    msg = str(info.value)
+    # Dataset indices, not positions in the batch (those would be 0 and 7).
+    assert word(10).search(msg) and word(17).search(msg), msg
+    assert "[0]" in msg, msg
+    assert "(2,)" in msg and "(5,)" in msg, msg
+
+
+def test_collate_fn_runs_in_the_worker():
+    def collate_fn(samples):
+        info = get_worker_info()
+        return {"n": len(samples), "worker": None if info is None else info.id,
+                "sum": sum(samples)}
+
+    loader = DataLoader(ListDataset(list(range(10))), batch_size=4, shuffle=False,
+                        num_workers=2, collate_fn=collate_fn, timeout=BATCH_TIMEOUT_SECONDS)
+    with loader:
+        batches = list(loader)
+    assert [b["n"] for b in batches] == [4, 4, 2]
+    assert [b["sum"] for b in batches] == [6, 22, 17]
+    assert all(b["worker"] in (0, 1) for b in batches)

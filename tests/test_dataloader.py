@@ -1,0 +1,724 @@
+"""DataLoader (SPEC §3-§4): order, batching, samplers, transforms, workers, seeds, lifetime."""
+import gc
+import os
+import random
+import time
+
+import numpy as np
+import pytest
+
+from netcl_loader import ArrayDataset, DataLoader, get_worker_info
+
+#: Seconds one batch may take before a test fails instead of hanging.
+BATCH_TIMEOUT_SECONDS = 30
+#: Seconds a closed loader's workers get to disappear.
+EXIT_WAIT_SECONDS = 5.0
+
+
+# -- datasets (module level: picklable for spawn) -----------------------------
+
+class Rows:
+    """Sample i: (float32 row of i's, int i); deterministic, picklable."""
+
+    def __init__(self, n, width=3):
+        self.n = n
+        self.width = width
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return np.full(self.width, i, np.float32), i
+
+
+class Noisy:
+    """Sample i: (i, worker id, draws from np.random and random)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        info = get_worker_info()
+        return i, -1 if info is None else info.id, np.random.randint(0, 2**31), random.random()
+
+
+class WorkerProbe:
+    """Sample i: (i, pid, worker id or -1)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        info = get_worker_info()
+        return i, os.getpid(), -1 if info is None else info.id
+
+
+class SlowFirst:
+    """Sample i is i; the samples of the first batch take a while."""
+
+    def __init__(self, n, slow_below, seconds):
+        self.n = n
+        self.slow_below = slow_below
+        self.seconds = seconds
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i < self.slow_below:
+            time.sleep(self.seconds)
+        return i
+
+
+class Empty:
+    def __len__(self):
+        return 0
+
+    def __getitem__(self, i):
+        raise IndexError(i)
+
+
+# -- helpers ------------------------------------------------------------------
+
+def make(ds, **kw):
+    kw.setdefault("timeout", BATCH_TIMEOUT_SECONDS)
+    return DataLoader(ds, **kw)
+
+
+def copy_batch(b):
+    if isinstance(b, np.ndarray):
+        return b.copy()
+    if isinstance(b, tuple):
+        return tuple(copy_batch(x) for x in b)
+    if isinstance(b, list):
+        return [copy_batch(x) for x in b]
+    if isinstance(b, dict):
+        return {k: copy_batch(v) for k, v in b.items()}
+    return b
+
+
+def epochs(loader, count=1):
+    """``count`` epochs of copied batches."""
+    return [[copy_batch(b) for b in loader] for _ in range(count)]
+
+
+def assert_same_batches(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert type(x) is type(y)
+        if isinstance(x, (tuple, list)):
+            assert len(x) == len(y)
+            for u, v in zip(x, y):
+                assert isinstance(u, np.ndarray) and isinstance(v, np.ndarray)
+                assert u.dtype == v.dtype
+                np.testing.assert_array_equal(u, v)
+        else:
+            np.testing.assert_array_equal(x, y)
+
+
+def ids(batches):
+    return [b[1].tolist() for b in batches]
+
+
+def gone(pid):
+    """True when pid no longer runs (no such process, or a zombie awaiting its parent)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def wait_gone(pids, seconds=EXIT_WAIT_SECONDS):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if all(gone(p) for p in pids):
+            return True
+        time.sleep(0.05)
+    return all(gone(p) for p in pids)
+
+
+# -- one epoch ----------------------------------------------------------------
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_one_epoch_covers_the_dataset_exactly_once(num_workers, shuffle):
+    with make(Rows(37), batch_size=5, shuffle=shuffle, seed=1, num_workers=num_workers) as dl:
+        (batches,) = epochs(dl)
+    flat = sum(ids(batches), [])
+    assert sorted(flat) == list(range(37))
+    if not shuffle:
+        assert flat == list(range(37))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_batch_sizes_and_len(num_workers):
+    with make(Rows(10), batch_size=3, num_workers=num_workers) as dl:
+        assert len(dl) == 4
+        (batches,) = epochs(dl)
+    assert [len(b[1]) for b in batches] == [3, 3, 3, 1]
+    with make(Rows(10), batch_size=3, drop_last=True, num_workers=num_workers) as dl:
+        assert len(dl) == 3
+        (batches,) = epochs(dl)
+    assert [len(b[1]) for b in batches] == [3, 3, 3]
+
+
+def test_len_when_the_batch_size_divides_the_dataset():
+    assert len(DataLoader(Rows(9), batch_size=3, num_workers=0)) == 3
+    assert len(DataLoader(Rows(9), batch_size=3, drop_last=True, num_workers=0)) == 3
+    assert len(DataLoader(Rows(2), batch_size=3, drop_last=True, num_workers=0)) == 0
+    assert list(DataLoader(Rows(2), batch_size=3, drop_last=True, num_workers=0)) == []
+
+
+def test_defaults_follow_netcl():
+    dl = DataLoader(Rows(100), num_workers=0, seed=0)
+    assert len(dl) == 4  # batch_size=32, drop_last=False
+    a, b = epochs(dl, 2)
+    assert sum(ids(a), []) != list(range(100))  # shuffle=True by default
+    assert sorted(sum(ids(a), [])) == list(range(100))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_x_and_y_stay_paired(num_workers):
+    x = np.random.default_rng(0).standard_normal((50, 4)).astype(np.float32)
+    y = x.sum(axis=1) * 2 + 1
+    with make(ArrayDataset(x, y), batch_size=7, shuffle=True, seed=5,
+              num_workers=num_workers) as dl:
+        for bx, by in dl:
+            np.testing.assert_allclose(bx.sum(axis=1) * 2 + 1, by, rtol=1e-6)
+
+
+def test_shuffle_changes_order_not_content_and_each_epoch_reshuffles():
+    with make(Rows(40), batch_size=8, shuffle=True, seed=11, num_workers=2) as dl:
+        e0, e1, e2 = (sum(ids(e), []) for e in epochs(dl, 3))
+    for e in (e0, e1, e2):
+        assert sorted(e) == list(range(40))
+        assert e != list(range(40))
+    assert e0 != e1 and e1 != e2 and e0 != e2
+
+
+def test_seed_none_still_covers_the_dataset():
+    with make(Rows(20), batch_size=6, seed=None, num_workers=0) as dl:
+        (e,) = epochs(dl)
+    assert sorted(sum(ids(e), [])) == list(range(20))
+
+
+def test_same_seed_same_batches_across_loaders_and_different_seed_differs():
+    a = epochs(make(Rows(30), batch_size=4, seed=7, num_workers=0), 2)
+    b = epochs(make(Rows(30), batch_size=4, seed=7, num_workers=0), 2)
+    c = epochs(make(Rows(30), batch_size=4, seed=8, num_workers=0), 2)
+    assert ids(a[0]) == ids(b[0]) and ids(a[1]) == ids(b[1])
+    assert ids(a[0]) != ids(c[0])
+
+
+def test_same_seed_same_batches_for_every_num_workers():
+    ref = None
+    for nw in (0, 1, 2, 4):
+        with make(Rows(45, width=5), batch_size=4, seed=123, num_workers=nw) as dl:
+            got = epochs(dl, 2)
+        if ref is None:
+            ref = got
+        else:
+            for e in range(2):
+                assert_same_batches(got[e], ref[e])
+
+
+def test_same_seed_same_batches_for_fork_and_spawn():
+    ref = epochs(make(Rows(20), batch_size=3, seed=4, num_workers=0), 2)
+    for method in ("fork", "spawn"):
+        with make(Rows(20), batch_size=3, seed=4, num_workers=2,
+                  multiprocessing_context=method) as dl:
+            got = epochs(dl, 2)
+        for e in range(2):
+            assert_same_batches(got[e], ref[e])
+
+
+def test_spawn_workers_run_in_other_processes():
+    with make(WorkerProbe(6), batch_size=2, shuffle=False, num_workers=2,
+              multiprocessing_context="spawn") as dl:
+        batches = list(dl)
+        pids = set(dl.worker_pids)
+    seen = set(sum((b[1].tolist() for b in batches), []))
+    assert os.getpid() not in seen and seen <= pids
+    assert set(sum((b[2].tolist() for b in batches), [])) <= {0, 1}
+
+
+# -- samplers ---------------------------------------------------------------
+
+class ReverseWithRepeats:
+    """A hand-written sampler: an iterable of indices with a length."""
+
+    def __init__(self, n):
+        self.order = list(range(n - 1, -1, -1)) + [0, 0]
+
+    def __iter__(self):
+        return iter(self.order)
+
+    def __len__(self):
+        return len(self.order)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_hand_written_sampler_gives_the_order_and_does_not_shuffle(num_workers):
+    s = ReverseWithRepeats(7)
+    with make(Rows(7), batch_size=3, sampler=s, num_workers=num_workers) as dl:
+        assert len(dl) == 3
+        (batches,) = epochs(dl)
+    assert ids(batches) == [[6, 5, 4], [3, 2, 1], [0, 0, 0]]
+    with make(Rows(7), batch_size=4, sampler=s, drop_last=True, num_workers=0) as dl:
+        assert len(dl) == 2
+        assert ids(list(dl)) == [[6, 5, 4, 3], [2, 1, 0, 0]]
+
+
+def test_sampler_with_explicit_shuffle_false():
+    with make(Rows(5), batch_size=2, sampler=[4, 2, 0], shuffle=False, num_workers=0) as dl:
+        assert ids(list(dl)) == [[4, 2], [0]]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_batch_sampler_gives_the_batches(num_workers):
+    bs = [[0, 1], [5], [2, 3, 4], [9, 9, 9, 9]]
+    with make(Rows(10), batch_sampler=bs, num_workers=num_workers) as dl:
+        assert len(dl) == 4
+        (batches,) = epochs(dl)
+    assert ids(batches) == bs
+
+
+def test_torch_weighted_random_sampler():
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import WeightedRandomSampler
+
+    weights = [0.0] * 20
+    for i in (3, 7, 11):
+        weights[i] = 1.0
+
+    def sampler():
+        return WeightedRandomSampler(weights, num_samples=25, replacement=True,
+                                     generator=torch.Generator().manual_seed(0))
+
+    want = [int(i) for i in sampler()]
+    with make(Rows(20), batch_size=4, sampler=sampler(), num_workers=2) as dl:
+        assert len(dl) == 7
+        (batches,) = epochs(dl)
+    got = sum(ids(batches), [])
+    assert got == want
+    assert set(got) <= {3, 7, 11}
+
+
+def test_torch_batch_sampler():
+    pytest.importorskip("torch")
+    from torch.utils.data import BatchSampler, SequentialSampler
+
+    bs = BatchSampler(SequentialSampler(range(10)), batch_size=3, drop_last=False)
+    with make(Rows(10), batch_sampler=bs, num_workers=2) as dl:
+        assert len(dl) == 4
+        (batches,) = epochs(dl)
+    assert ids(batches) == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+
+
+def test_torch_random_sampler_each_epoch_is_a_permutation():
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import RandomSampler
+
+    s = RandomSampler(range(12), generator=torch.Generator().manual_seed(1))
+    with make(Rows(12), batch_size=5, sampler=s, num_workers=0) as dl:
+        e0, e1 = (sum(ids(e), []) for e in epochs(dl, 2))
+    assert sorted(e0) == sorted(e1) == list(range(12))
+    assert e0 != e1
+
+
+# -- collate_fn and transforms ---------------------------------------------
+
+def in_worker_collate(samples):
+    info = get_worker_info()
+    return {"ids": [s[1] for s in samples], "worker": None if info is None else info.id,
+            "pid": os.getpid()}
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_collate_fn_replaces_the_default_and_runs_where_samples_are_fetched(num_workers):
+    with make(Rows(7), batch_size=3, shuffle=False, collate_fn=in_worker_collate,
+              num_workers=num_workers) as dl:
+        batches = list(dl)
+        pids = dl.worker_pids
+    assert [b["ids"] for b in batches] == [[0, 1, 2], [3, 4, 5], [6]]
+    if num_workers == 0:
+        assert all(b["worker"] is None and b["pid"] == os.getpid() for b in batches)
+    else:
+        assert all(b["worker"] in (0, 1) and b["pid"] in pids for b in batches)
+
+
+def double_x(x, y):
+    return x * 2, y
+
+
+def add_worker_marker(x, y):
+    info = get_worker_info()
+    return x, y, np.full(len(y), -1 if info is None else info.id)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_transform_callable_gets_the_tuple_fields(num_workers):
+    with make(Rows(5), batch_size=2, shuffle=False, transforms=double_x,
+              num_workers=num_workers) as dl:
+        batches = list(dl)
+    np.testing.assert_array_equal(batches[1][0], [[4] * 3, [6] * 3])
+    assert ids(batches) == [[0, 1], [2, 3], [4]]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_transform_sequence_runs_in_order_in_the_worker(num_workers):
+    with make(Rows(5), batch_size=2, shuffle=False,
+              transforms=[double_x, lambda x, y: (x + 1, y), add_worker_marker],
+              num_workers=num_workers) as dl:
+        batches = list(dl)
+    assert len(batches[0]) == 3
+    np.testing.assert_array_equal(batches[0][0], [[1] * 3, [3] * 3])  # (x * 2) + 1
+    markers = set(sum((b[2].tolist() for b in batches), []))
+    assert markers == {-1} if num_workers == 0 else markers <= {0, 1}
+
+
+def test_transform_on_a_non_tuple_batch_gets_the_batch():
+    class Dicts:
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return {"v": np.array([i, i])}
+
+    def t(batch):
+        assert isinstance(batch, dict)
+        return {"v": batch["v"] * 10, "in_worker": get_worker_info() is not None}
+
+    with make(Dicts(), batch_size=3, shuffle=False, transforms=t, num_workers=2) as dl:
+        batches = list(dl)
+    np.testing.assert_array_equal(batches[1]["v"], [[30, 30]])
+    assert all(b["in_worker"] for b in batches)
+
+
+def crop_by_batch(x, y):
+    # A shape that changes from batch to batch, growing past the first batch's size.
+    k = 1 + int(y[0]) % 4
+    return np.repeat(x, 50 * k, axis=1)[:, : 40 * k], y
+
+
+@pytest.mark.parametrize("use_shared_mem", [True, False])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_shape_changing_transforms(num_workers, use_shared_mem):
+    with make(Rows(13, width=2), batch_size=2, shuffle=False, transforms=crop_by_batch,
+              num_workers=num_workers, use_shared_mem=use_shared_mem) as dl:
+        kept = list(dl)  # not copied: each batch must stay valid
+    assert len(kept) == 7
+    for j, (x, y) in enumerate(kept):
+        k = 1 + (2 * j) % 4
+        assert x.shape == (len(y), 40 * k)
+        np.testing.assert_array_equal(x, np.repeat(y[:, None], 40 * k, axis=1))
+
+
+# -- delivery -----------------------------------------------------------------
+
+def test_batches_come_in_order_even_when_the_first_is_slow():
+    with make(SlowFirst(16, slow_below=2, seconds=0.2), batch_size=2, shuffle=False,
+              num_workers=2) as dl:
+        got = [b.tolist() for b in dl]
+    assert got == [[2 * k, 2 * k + 1] for k in range(8)]
+
+
+def test_in_order_false_yields_each_batch_exactly_once():
+    with make(SlowFirst(16, slow_below=2, seconds=0.2), batch_size=2, shuffle=False,
+              num_workers=2, in_order=False) as dl:
+        for _ in range(2):
+            got = [tuple(b.tolist()) for b in dl]
+            assert sorted(got) == [(2 * k, 2 * k + 1) for k in range(8)]
+
+
+# -- workers -------------------------------------------------------------------
+
+def test_get_worker_info_is_none_in_the_main_process():
+    assert get_worker_info() is None
+    with make(Rows(4), batch_size=2, num_workers=2) as dl:
+        list(dl)
+        assert get_worker_info() is None
+
+
+def worker_info_collate(samples):
+    info = get_worker_info()
+    return (info.id, info.num_workers, info.seed, type(info.dataset).__name__,
+            len(info.dataset), os.getpid())
+
+
+def test_get_worker_info_in_the_worker():
+    with make(WorkerProbe(12), batch_size=2, num_workers=2, collate_fn=worker_info_collate,
+              seed=3) as dl:
+        got = list(dl)
+        pids = dl.worker_pids
+    assert {g[0] for g in got} <= {0, 1}
+    assert all(g[1] == 2 and g[3] == "WorkerProbe" and g[4] == 12 for g in got)
+    assert all(isinstance(g[2], int) for g in got)
+    by_worker = {}
+    for g in got:
+        by_worker.setdefault(g[0], set()).add((g[2], g[5]))
+    for wid, vals in by_worker.items():
+        assert len(vals) == 1  # one seed and one pid per worker in an epoch
+    assert {pid for g in got for pid in [g[5]]} <= set(pids)
+    if len(by_worker) == 2:
+        assert by_worker[0] != by_worker[1]
+
+
+class InitRecorder:
+    """worker_init_fn that leaves one file per call (picklable)."""
+
+    def __init__(self, folder):
+        self.folder = folder
+
+    def __call__(self, worker_id):
+        info = get_worker_info()
+        name = f"{worker_id}-{os.getpid()}-{-1 if info is None else info.id}"
+        fd = os.open(os.path.join(self.folder, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        os.close(fd)
+
+
+def test_worker_init_fn_runs_once_per_worker(tmp_path):
+    with make(Rows(10), batch_size=2, num_workers=2, worker_init_fn=InitRecorder(str(tmp_path))) as dl:
+        epochs(dl, 3)
+        pids = sorted(dl.worker_pids)
+    calls = sorted(os.listdir(tmp_path))
+    assert len(calls) == 2
+    parts = [c.split("-") for c in calls]
+    assert sorted(int(p[0]) for p in parts) == [0, 1]
+    assert sorted(int(p[1]) for p in parts) == pids
+    assert all(p[0] == p[2] for p in parts)  # get_worker_info() works inside it
+
+
+def test_worker_seeding_per_epoch():
+    def draws(dl, count):
+        return [[(b[0].tolist(), b[1].tolist(), b[2].tolist(), b[3].tolist()) for b in e]
+                for e in epochs(dl, count)]
+
+    with make(Noisy(16), batch_size=2, shuffle=False, num_workers=2, seed=21) as a:
+        a0, a1 = draws(a, 2)
+        a.set_epoch(0)
+        (a0_again,) = draws(a, 1)
+    with make(Noisy(16), batch_size=2, shuffle=False, num_workers=2, seed=21) as b:
+        b0, b1 = draws(b, 2)
+    with make(Noisy(16), batch_size=2, shuffle=False, num_workers=2, seed=22) as c:
+        (c0,) = draws(c, 1)
+    assert a0 == b0 and a1 == b1
+    assert a0 == a0_again
+    np_draws = lambda e: [v for batch in e for v in batch[2]]  # noqa: E731
+    py_draws = lambda e: [v for batch in e for v in batch[3]]  # noqa: E731
+    assert np_draws(a0) != np_draws(a1) and py_draws(a0) != py_draws(a1)
+    assert np_draws(a0) != np_draws(c0)
+    # The two workers do not draw the same stream.
+    first = {}
+    for batch in a0:
+        first.setdefault(batch[1][0], batch[2][0])
+    if len(first) == 2:
+        assert first[0] != first[1]
+
+
+def test_set_epoch_selects_the_order():
+    with make(Rows(30), batch_size=4, seed=17, num_workers=0) as a:
+        ref = epochs(a, 5)
+    with make(Rows(30), batch_size=4, seed=17, num_workers=2) as b:
+        b.set_epoch(3)
+        e3, e4 = epochs(b, 2)  # counts up from the epoch that was set
+        b.set_epoch(1)
+        (e1,) = epochs(b, 1)
+    assert ids(e3) == ids(ref[3]) and ids(e4) == ids(ref[4]) and ids(e1) == ids(ref[1])
+
+
+def test_the_pool_persists_across_epochs():
+    with make(WorkerProbe(8), batch_size=2, num_workers=2) as dl:
+        assert dl.worker_pids == []  # created at the first iteration
+        seen = []
+        pids = []
+        for _ in range(3):
+            seen.append({p for b in dl for p in b[1].tolist()})
+            pids.append(list(dl.worker_pids))
+        assert pids[0] == pids[1] == pids[2] and len(pids[0]) == 2
+        assert all(not gone(p) for p in pids[0])
+        assert all(s <= set(pids[0]) for s in seen)
+        assert os.getpid() not in set().union(*seen)
+
+
+def test_num_workers_zero_runs_in_process():
+    with make(WorkerProbe(4), batch_size=2, num_workers=0) as dl:
+        batches = list(dl)
+        assert dl.worker_pids == []
+    assert {p for b in batches for p in b[1].tolist()} == {os.getpid()}
+    assert {w for b in batches for w in b[2].tolist()} == {-1}
+
+
+# -- lifetime -----------------------------------------------------------------
+
+def test_close_ends_the_workers_and_is_idempotent():
+    dl = make(Rows(10), batch_size=2, num_workers=2)
+    list(dl)
+    pids = dl.worker_pids
+    assert len(pids) == 2
+    dl.close()
+    dl.close()
+    assert wait_gone(pids)
+    with pytest.raises(RuntimeError):
+        iter(dl)
+
+
+def test_close_mid_epoch_ends_the_workers():
+    dl = make(Rows(40), batch_size=2, num_workers=2)
+    it = iter(dl)
+    next(it)
+    pids = dl.worker_pids
+    dl.close()
+    assert wait_gone(pids)
+
+
+def test_leaving_with_ends_the_workers():
+    with make(Rows(10), batch_size=2, num_workers=2) as dl:
+        it = iter(dl)
+        next(it)
+        pids = dl.worker_pids
+    assert pids and wait_gone(pids)
+
+
+def test_collection_ends_the_workers():
+    dl = make(Rows(10), batch_size=2, num_workers=2)
+    it = iter(dl)
+    next(it)
+    pids = dl.worker_pids
+    del dl, it
+    gc.collect()
+    assert pids and wait_gone(pids)
+
+
+# -- memory modes ---------------------------------------------------------------
+
+def test_use_shared_mem_and_zero_copy_give_identical_batches():
+    ds = ArrayDataset(np.random.default_rng(2).standard_normal((29, 3, 8)).astype(np.float32),
+                      np.arange(29, dtype=np.int16))
+    results = []
+    for nw in (0, 2):
+        for shm in (True, False):
+            for zc in (False, True):
+                with make(ds, batch_size=4, seed=6, num_workers=nw, use_shared_mem=shm,
+                          zero_copy=zc) as dl:
+                    results.append(((nw, shm, zc), epochs(dl, 2)))
+    ref = results[0][1]
+    for mode, got in results[1:]:
+        for e in range(2):
+            assert_same_batches(got[e], ref[e])
+
+
+def test_zero_copy_false_batches_belong_to_the_caller():
+    with make(Rows(21, width=64), batch_size=2, shuffle=False, num_workers=2,
+              zero_copy=False, prefetch=2) as dl:
+        kept = list(dl)  # held past many later batches, so past slot reuse
+    for k, (x, y) in enumerate(kept):
+        assert x.flags.writeable
+        np.testing.assert_array_equal(y, np.arange(2 * k, min(2 * k + 2, 21)))
+        np.testing.assert_array_equal(x, np.repeat(y[:, None], 64, axis=1).astype(np.float32))
+        x[:] = -1  # ours to write
+
+
+def test_batches_kept_across_epochs_are_not_overwritten():
+    with make(Rows(12, width=16), batch_size=3, shuffle=False, num_workers=2,
+              zero_copy=False) as dl:
+        kept = list(dl)
+        for _ in range(3):
+            for x, y in dl:
+                x += 1000  # the caller's arrays: writing them must not reach other batches
+        after_close_check = kept
+    for k, (x, y) in enumerate(after_close_check):
+        np.testing.assert_array_equal(y, [3 * k, 3 * k + 1, 3 * k + 2])
+        np.testing.assert_array_equal(x, np.repeat(y[:, None], 16, axis=1))
+
+
+@pytest.mark.parametrize("num_workers, use_shared_mem", [(0, True), (2, True), (2, False)])
+def test_zero_copy_views_are_read_only(num_workers, use_shared_mem):
+    with make(Rows(9), batch_size=2, shuffle=False, num_workers=num_workers,
+              zero_copy=True, use_shared_mem=use_shared_mem) as dl:
+        for x, y in dl:
+            assert not x.flags.writeable and not y.flags.writeable
+            with pytest.raises(ValueError):
+                x[0, 0] = 1
+            with pytest.raises(ValueError):
+                y[0] = 1
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_empty_dataset_yields_nothing(num_workers):
+    for ds in (Empty(), ArrayDataset(np.zeros((0, 3)))):
+        with make(ds, batch_size=4, num_workers=num_workers) as dl:
+            assert len(dl) == 0
+            assert list(dl) == []
+            assert list(dl) == []
+
+
+# -- abandoned epochs --------------------------------------------------------------
+
+def test_new_iter_mid_epoch_ends_the_old_one_without_leaks():
+    with make(Rows(40), batch_size=3, seed=2, num_workers=0) as ref_dl:
+        ref = epochs(ref_dl, 2)
+    with make(Rows(40), batch_size=3, seed=2, num_workers=2, prefetch=4) as dl:
+        old = iter(dl)
+        first = [copy_batch(next(old)) for _ in range(2)]
+        new = iter(dl)
+        second = [copy_batch(b) for b in new]
+        with pytest.raises(StopIteration):
+            next(old)
+        (third,) = epochs(dl, 1)
+    assert ids(first) == ids(ref[0][:2])
+    assert ids(second) == ids(ref[1])
+    assert_same_batches(second, ref[1])
+    assert sorted(sum(ids(third), [])) == list(range(40))
+
+
+def test_break_mid_epoch_leaks_nothing_into_the_next():
+    with make(Rows(40), batch_size=3, seed=2, num_workers=0) as ref_dl:
+        ref = epochs(ref_dl, 3)
+    with make(Rows(40), batch_size=3, seed=2, num_workers=2, prefetch=4) as dl:
+        for k, _ in enumerate(dl):
+            if k == 1:
+                break
+        (e1,) = epochs(dl, 1)
+        for _ in dl:
+            break
+        it = iter(dl)  # epoch 3 after an abandoned epoch 2
+        del it
+    assert ids(e1) == ids(ref[1])
+
+
+# -- stats ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_stats_count_batches_and_samples(num_workers):
+    with make(Rows(10), batch_size=3, num_workers=num_workers) as dl:
+        assert dl.stats.batches == 0 and dl.stats.samples == 0
+        epochs(dl, 1)
+        assert dl.stats.batches == 4 and dl.stats.samples == 10
+        assert dl.stats.epochs == 1
+        epochs(dl, 1)
+        assert dl.stats.batches == 8 and dl.stats.samples == 20
+        assert dl.stats.epochs == 2
+        assert dl.stats.wait_seconds >= 0
+
+
+def test_the_ring_has_prefetch_plus_two_slots():
+    with make(Rows(10), batch_size=2, num_workers=2) as dl:
+        list(dl)
+        assert dl.stats.ring_slots == max(2, 2 * 2) + 2
+    with make(Rows(10), batch_size=2, num_workers=1, prefetch=3) as dl:
+        list(dl)
+        assert dl.stats.ring_slots == 5
