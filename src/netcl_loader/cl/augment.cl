@@ -45,7 +45,9 @@ __kernel void netcl_augment(
     v = (y - m) * p.contrast + m;
 #endif
 #if NETCL_CUTOUT
-    const int inside = (int)h >= p.row0 && (int)h < p.row1 && (int)w >= p.col0 && (int)w < p.col1;
+    /* Bitwise & rather than &&: no short-circuit branches in the body. */
+    const int inside = ((int)h >= p.row0) & ((int)h < p.row1) & ((int)w >= p.col0)
+                       & ((int)w < p.col1);
     v = inside ? fill : v;
 #endif
     out[out_offset + row + w] = v;
