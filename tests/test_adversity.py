@@ -210,6 +210,8 @@ BAD_ARGUMENTS = [
     ("rank without world_size", dict(rank=0), ValueError, "world_size", "None"),
     ("world_size without rank", dict(world_size=2, seed=0), ValueError, "rank", "None"),
     ("world_size>1 without seed", dict(rank=0, world_size=2), ValueError, "seed", "None"),
+    ("seed=-1", dict(seed=-1), ValueError, "seed", "-1"),
+    ("seed='0'", dict(seed="0"), TypeError, "seed", "'0'"),
     ("start method 'bogus'", dict(multiprocessing_context="bogus"), ValueError,
      "multiprocessing_context", "bogus"),
     ("transforms=5", dict(transforms=5), TypeError, "transforms", "5"),

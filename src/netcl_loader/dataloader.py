@@ -219,9 +219,11 @@ class DataLoader:
                 raise TypeError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
             if not timeout > 0:
                 raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)
-                                 or seed < 0):
-            raise TypeError(f"seed must be a non-negative int or None, got {seed!r}")
+        if seed is not None:
+            if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+                raise TypeError(f"seed must be a non-negative int or None, got {seed!r}")
+            if seed < 0:
+                raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
         if (rank is None) != (world_size is None):
             raise ValueError(f"rank and world_size go together: got rank={rank!r}, "
                              f"world_size={world_size!r}")
