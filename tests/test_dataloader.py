@@ -722,3 +722,24 @@ def test_the_ring_has_prefetch_plus_two_slots():
     with make(Rows(10), batch_size=2, num_workers=1, prefetch=3) as dl:
         list(dl)
         assert dl.stats.ring_slots == 5
+
+
+def test_a_view_or_tensor_kept_from_a_batch_keeps_its_data():
+    """Copy mode may lend a ring slot: anything still pointing into it must hold it."""
+    torch = None
+    try:
+        import torch
+    except ImportError:
+        pass
+    with make(Rows(40, width=32), batch_size=4, shuffle=False, num_workers=2,
+              zero_copy=False, prefetch=2) as dl:
+        it = iter(dl)
+        x0, y0 = next(it)
+        tail = x0[1:]                     # a view of the batch, not the batch itself
+        t = torch.from_numpy(next(it)[0]) if torch is not None else None
+        del x0, y0
+        rest = sum(1 for _ in it)         # every later batch, with slots cycling
+        assert rest == 8
+        np.testing.assert_array_equal(tail, np.repeat(np.arange(1, 4)[:, None], 32, 1))
+        if t is not None:
+            np.testing.assert_array_equal(t.numpy(), np.repeat(np.arange(4, 8)[:, None], 32, 1))
