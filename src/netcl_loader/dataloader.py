@@ -900,7 +900,10 @@ class _Iter:
         except StopIteration:
             self._finish()
             raise
-        batch = build_batch(loader.dataset, indices, loader.collate_fn, loader.transforms, np.empty)
+        # Outputs come from arrays of earlier batches that the caller dropped:
+        # a fresh large array would pay a page fault per page again.
+        batch = build_batch(loader.dataset, indices, loader.collate_fn, loader.transforms,
+                            loader._out_pool.take)
         self._mark_done(seq)
         batch = self._upload_owned(batch)
         end = time.perf_counter()

@@ -352,6 +352,8 @@ class OutputPool:
         self._free_refs = None
 
     def take(self, shape, dtype):
+        """A C-contiguous array of ``shape`` and ``dtype`` that nobody else holds."""
+        dtype = np.dtype(dtype)
         lst = self._arrays.get((shape, dtype))
         if lst is None:
             lst = self._arrays[(shape, dtype)] = []
