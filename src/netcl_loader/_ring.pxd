@@ -43,10 +43,14 @@ cdef extern from "netcl_ring.h" nogil:
         uint32_t waiters
         uint32_t token
         uint32_t ticket
+        uint32_t nqueues
+        uint32_t qcap
+        uint32_t index_bytes
     ctypedef struct netcl_slot_header_t:
         uint32_t state
         uint32_t token
         uint32_t owner
+        uint32_t epoch
         uint64_t seq
         uint64_t meta_off
         uint64_t meta_len
@@ -54,6 +58,14 @@ cdef extern from "netcl_ring.h" nogil:
         uint64_t needed
         uint64_t capacity
     netcl_slot_header_t *netcl_slot(void *base, uint32_t i)
+    ctypedef struct netcl_queue_t:
+        uint32_t head
+        uint32_t tail
+        uint32_t sleeping
+    uint64_t netcl_queues_offset(uint32_t nslots)
+    uint64_t netcl_entries_offset(uint32_t nslots, uint32_t nqueues)
+    uint64_t netcl_index_offset(uint32_t nslots, uint32_t nqueues, uint32_t qcap)
+    uint64_t netcl_header_bytes(uint32_t nslots, uint32_t nqueues, uint32_t qcap, uint32_t index_bytes)
 
 
 cdef class Segment:
@@ -67,7 +79,16 @@ cdef class RingHeader:
     cdef readonly Segment segment
     cdef netcl_ring_header_t *hdr
     cdef readonly uint32_t nslots
+    cdef readonly uint32_t nqueues
+    cdef readonly uint32_t qcap
+    cdef readonly uint32_t index_bytes
+    cdef netcl_queue_t *queues
+    cdef uint32_t *entries
+    cdef char *index_area
     cdef netcl_slot_header_t *slot(self, uint32_t i) except NULL
+    cdef netcl_queue_t *queue(self, uint32_t q) except NULL
+    cpdef bint push(self, uint32_t q, uint32_t entry)
+    cpdef long pop(self, uint32_t q, int timeout_ms)
     cpdef uint32_t state(self, uint32_t i)
     cpdef bint claim(self, uint32_t i, uint32_t expected, uint32_t desired)
     cpdef void publish(self, uint32_t i, uint32_t new_state)
@@ -76,5 +97,6 @@ cdef class RingHeader:
     cpdef uint32_t token(self)
     cpdef void set_token(self, uint32_t token)
     cpdef tuple result(self, uint32_t i)
+    cpdef tuple task(self, uint32_t i)
     cpdef uint64_t capacity(self, uint32_t i)
     cpdef uint32_t next_ticket(self)

@@ -7,6 +7,7 @@ word itself (a futex) without holding the GIL.  Python has neither.
 """
 from cpython.buffer cimport PyBUF_FORMAT
 from libc.stdint cimport uint32_t, uint64_t, intptr_t
+from libc.string cimport memcpy
 
 import os
 import sys
@@ -146,16 +147,28 @@ cdef class RingHeader:
     serves "a slot became ready", "a slot became free" and "stop".
     """
 
-    def __cinit__(self, Segment segment, uint32_t nslots, bint init):
-        if segment.nbytes < <size_t>(NETCL_LINE * (1 + nslots)):
+    def __cinit__(self, Segment segment, uint32_t nslots, bint init, uint32_t nqueues=0,
+                  uint32_t qcap=0, uint32_t index_bytes=0):
+        if segment.nbytes < netcl_header_bytes(nslots, nqueues, qcap, index_bytes):
             raise ValueError(f"header segment of {segment.nbytes} bytes is too small for {nslots} slots")
+        if index_bytes % 8:
+            raise ValueError(f"index_bytes must be a multiple of 8, got {index_bytes}")
         self.segment = segment
         self.hdr = <netcl_ring_header_t *>segment.shm.addr
         self.nslots = nslots
+        self.nqueues = nqueues
+        self.qcap = qcap
+        self.index_bytes = index_bytes
+        self.queues = <netcl_queue_t *>(<char *>segment.shm.addr + netcl_queues_offset(nslots))
+        self.entries = <uint32_t *>(<char *>segment.shm.addr + netcl_entries_offset(nslots, nqueues))
+        self.index_area = <char *>segment.shm.addr + netcl_index_offset(nslots, nqueues, qcap)
         if init:
             self.hdr.magic = NETCL_RING_MAGIC
             self.hdr.version = NETCL_RING_VERSION
             self.hdr.nslots = nslots
+            self.hdr.nqueues = nqueues
+            self.hdr.qcap = qcap
+            self.hdr.index_bytes = index_bytes
             netcl_store_seq(&self.hdr.gen, 0)
             netcl_store_seq(&self.hdr.waiters, 0)
             netcl_store_seq(&self.hdr.token, 0)
@@ -164,18 +177,86 @@ cdef class RingHeader:
                 s = netcl_slot(self.hdr, i)
                 s.token = 0
                 s.owner = 0
+                s.epoch = 0
                 s.seq = 0
                 s.meta_off = s.meta_len = s.used = s.needed = s.capacity = 0
                 netcl_store_seq(&s.state, NETCL_FREE)
-        elif self.hdr.magic != NETCL_RING_MAGIC or self.hdr.nslots != nslots:
+            for i in range(nqueues):
+                netcl_store_seq(&self.queues[i].head, 0)
+                netcl_store_seq(&self.queues[i].tail, 0)
+                netcl_store_seq(&self.queues[i].sleeping, 0)
+        elif (self.hdr.magic != NETCL_RING_MAGIC or self.hdr.nslots != nslots
+              or self.hdr.nqueues != nqueues or self.hdr.index_bytes != index_bytes):
             raise ValueError("shared memory does not hold a ring header of this size")
 
     @staticmethod
-    def header_bytes(uint32_t nslots):
-        return NETCL_LINE * (1 + nslots)
+    def header_bytes(uint32_t nslots, uint32_t nqueues=0, uint32_t qcap=0, uint32_t index_bytes=0):
+        return netcl_header_bytes(nslots, nqueues, qcap, index_bytes)
 
     def __reduce__(self):
-        return (RingHeader, (self.segment, self.nslots, False))
+        return (RingHeader, (self.segment, self.nslots, False, self.nqueues, self.qcap,
+                             self.index_bytes))
+
+    # -- task queues (main process -> one worker each) -------------------
+    cdef netcl_queue_t *queue(self, uint32_t q) except NULL:
+        if q >= self.nqueues:
+            raise IndexError(f"queue {q} out of range for a ring with {self.nqueues} queues")
+        return &self.queues[q]
+
+    cpdef bint push(self, uint32_t q, uint32_t entry):
+        """Append ``entry`` to queue ``q`` (producer side); False when it is full.
+
+        A store and a release, and a wake only when the consumer sleeps.
+        """
+        cdef netcl_queue_t *qu = self.queue(q)
+        cdef uint32_t head = qu.head  # only this process writes it
+        if head - netcl_load_acquire(&qu.tail) >= self.qcap:
+            return False
+        self.entries[<uint64_t>q * self.qcap + head % self.qcap] = entry
+        netcl_store_seq(&qu.head, head + 1)
+        if netcl_load_seq(&qu.sleeping):
+            netcl_wake_all(&qu.head)
+        return True
+
+    cpdef long pop(self, uint32_t q, int timeout_ms):
+        """The next entry of queue ``q`` (consumer side), or -1 after ``timeout_ms``."""
+        cdef netcl_queue_t *qu = self.queue(q)
+        cdef uint32_t tail = qu.tail  # only this process writes it
+        cdef uint32_t head = netcl_load_acquire(&qu.head)
+        cdef uint32_t entry
+        if head == tail:
+            # Announce the sleep, then look again: a push in between either
+            # sees `sleeping` and wakes us, or changed `head` before we wait.
+            netcl_store_seq(&qu.sleeping, 1)
+            head = netcl_load_seq(&qu.head)
+            if head == tail:
+                with nogil:
+                    netcl_wait_u32(&qu.head, head, timeout_ms)
+            netcl_store_seq(&qu.sleeping, 0)
+            head = netcl_load_acquire(&qu.head)
+            if head == tail:
+                return -1
+        entry = self.entries[<uint64_t>q * self.qcap + tail % self.qcap]
+        netcl_store_release(&qu.tail, tail + 1)
+        return entry
+
+    def set_indices(self, uint32_t i, const unsigned char[::1] data):
+        """Write a task's indices (int64 bytes) into slot ``i``'s index area; False if too long."""
+        cdef Py_ssize_t n = data.shape[0]
+        if self.slot(i) == NULL or n + 8 > self.index_bytes:
+            return False
+        cdef char *area = self.index_area + <uint64_t>i * self.index_bytes
+        (<uint64_t *>area)[0] = <uint64_t>n
+        if n:
+            memcpy(area + 8, &data[0], n)
+        return True
+
+    def get_indices(self, uint32_t i):
+        """The index bytes written by :meth:`set_indices` for slot ``i``."""
+        self.slot(i)
+        cdef char *area = self.index_area + <uint64_t>i * self.index_bytes
+        cdef uint64_t n = (<uint64_t *>area)[0]
+        return (area + 8)[:n]
 
     cdef netcl_slot_header_t *slot(self, uint32_t i) except NULL:
         if i >= self.nslots:
@@ -228,11 +309,12 @@ cdef class RingHeader:
         netcl_store_release(&self.hdr.token, token)
 
     # -- slot fields (plain; ordered by the state word) -----------------
-    def set_task(self, uint32_t i, uint32_t token, uint64_t seq, uint32_t owner):
+    def set_task(self, uint32_t i, uint32_t token, uint64_t seq, uint32_t owner, uint32_t epoch=0):
         cdef netcl_slot_header_t *s = self.slot(i)
         s.token = token
         s.seq = seq
         s.owner = owner
+        s.epoch = epoch
         s.meta_off = s.meta_len = s.used = s.needed = 0
 
     def set_result(self, uint32_t i, uint64_t meta_off, uint64_t meta_len,
@@ -252,6 +334,11 @@ cdef class RingHeader:
         cdef uint32_t st = netcl_load_acquire(&s.state)
         return (st, s.token, s.seq, s.owner, s.meta_off, s.meta_len, s.used, s.needed,
                 s.capacity)
+
+    cpdef tuple task(self, uint32_t i):
+        """(token, seq, epoch) of the task in slot ``i``."""
+        cdef netcl_slot_header_t *s = self.slot(i)
+        return (s.token, s.seq, s.epoch)
 
     cpdef tuple result(self, uint32_t i):
         """(meta_off, meta_len, needed) of a published slot."""

@@ -18,15 +18,22 @@ from .shared_batch import SlotWriter
 
 __all__ = ["WorkerInfo", "get_worker_info", "build_batch", "worker_seed"]
 
-#: Seconds between checks, while idle, that the parent process still lives.
-PARENT_CHECK_SECONDS = 0.5
+#: Milliseconds between checks, while idle, that the parent process still lives.
+PARENT_CHECK_MS = 500
 
-# Messages from the main process: a fixed header, then a payload.
-# kind, flags, token, seq, slot, epoch
+# Entries of a worker's task queue: a kind in the top byte, a slot below.
+ENTRY_KIND_MASK = 0xFF000000
+ENTRY_SLOT_MASK = 0x00FFFFFF
+ENTRY_TASK = 0 << 24          # the task is in the slot's header and index area
+ENTRY_PIPED_TASK = 1 << 24    # the task message waits on the worker's pipe
+ENTRY_REMAP = 2 << 24         # a new region for the slot waits on the pipe
+ENTRY_STOP = 3 << 24
+
+# Messages on a worker's pipe: a fixed header, then a payload.
+# kind, flags, token, seq (or bytes for a remap), slot, epoch
 TASK_HEADER = struct.Struct("<BBxxIQII")
 KIND_TASK = 1
 KIND_REMAP = 2
-KIND_STOP = 3
 FLAG_PICKLED_INDICES = 1  # indices are not all ints: the payload is a pickle
 
 
@@ -132,11 +139,12 @@ def worker_loop(worker_id, num_workers, conn, ring, dataset, collate_fn, transfo
                 worker_init_fn, base_seed, rank, use_shared_mem, parent_pid):
     """The body of one persistent worker process.
 
-    Waits for tasks on ``conn`` (the only channel from the main process), and
-    for each one builds the batch, writes it into the slot named by the task
-    (or sends it through ``conn`` when it does not fit or shared memory is off),
-    and publishes the slot's new state.  Exits on a STOP message, when ``conn``
-    closes, or when the parent process is gone.
+    Waits for tasks on its queue in the ring header (a futex wait; a busy
+    worker finds the next task without a system call), and for each one
+    builds the batch, writes it into the slot named by the task (or sends it
+    through ``conn`` when it does not fit or shared memory is off), and
+    publishes the slot's new state.  Exits on a STOP entry or when the parent
+    process is gone.
     """
     global _worker_info
     # Ctrl-C goes to the whole process group: the main process handles it and
@@ -155,31 +163,38 @@ def worker_loop(worker_id, num_workers, conn, ring, dataset, collate_fn, transfo
 
     current_token = None
     while True:
+        entry = header.pop(worker_id, PARENT_CHECK_MS)
+        if entry < 0:
+            if os.getppid() != parent_pid:
+                return  # the main process is gone: nobody will read what we make
+            continue
+        kind, slot = entry & ENTRY_KIND_MASK, entry & ENTRY_SLOT_MASK
+        if kind == ENTRY_STOP:
+            return
         try:
-            if not conn.poll(PARENT_CHECK_SECONDS):
-                if os.getppid() != parent_pid:
-                    return
+            if kind == ENTRY_REMAP:
+                from multiprocessing import reduction
+                from ._ring import Segment
+                msg = conn.recv_bytes()
+                nbytes = TASK_HEADER.unpack_from(msg)[3]
+                fd = reduction.recv_handle(conn)
+                ring.attach(slot, Segment.attach(fd, nbytes) if nbytes else None)
                 continue
-            msg = conn.recv_bytes()
+            if kind == ENTRY_PIPED_TASK:  # indices too long or not ints: on the pipe
+                msg = conn.recv_bytes()
+                _, flags, token, seq, slot, epoch = TASK_HEADER.unpack_from(msg)
+                if flags & FLAG_PICKLED_INDICES:
+                    indices = pickle.loads(msg[TASK_HEADER.size:])
+                else:
+                    indices = np.frombuffer(msg, np.int64, offset=TASK_HEADER.size)
+            else:
+                token, seq, epoch = header.task(slot)
+                indices = np.frombuffer(header.get_indices(slot), np.int64)
         except (EOFError, OSError):
             return
-        kind, flags, token, seq, slot, epoch = TASK_HEADER.unpack_from(msg)
-        if kind == KIND_STOP:
-            return
-        if kind == KIND_REMAP:
-            from multiprocessing import reduction
-            from ._ring import Segment
-            fd = reduction.recv_handle(conn)
-            ring.attach(slot, Segment.attach(fd, seq) if seq else None)
-            continue
-        # KIND_TASK
         if header.token() != token:
             header.publish(slot, CANCELLED)  # the main process moved on
             continue
-        if flags & FLAG_PICKLED_INDICES:
-            indices = pickle.loads(msg[TASK_HEADER.size:])
-        else:
-            indices = np.frombuffer(msg, np.int64, offset=TASK_HEADER.size)
         if token != current_token:
             current_token = token
             seed = worker_seed(base_seed, epoch, worker_id, rank)

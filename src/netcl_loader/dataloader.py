@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ._ring import ASSIGNED, CANCELLED, FREE, PIPED, READY
-from ._worker import (FLAG_PICKLED_INDICES, KIND_REMAP, KIND_STOP, KIND_TASK, TASK_HEADER,
+from ._worker import (ENTRY_PIPED_TASK, ENTRY_REMAP, ENTRY_STOP, ENTRY_TASK,
+                      FLAG_PICKLED_INDICES, KIND_REMAP, KIND_TASK, TASK_HEADER,
                       build_batch, rebuild_error, worker_loop)
 from .shared_batch import COPY, LEND, VIEW, WAIT_SLICE_MS, OutputPool, SharedBatchRingBuffer, decode
 
@@ -621,14 +622,10 @@ def _describe_exit(wid, pid, code):
     return f"DataLoader worker {wid} (pid {pid}) exited unexpectedly with exit code {code}"
 
 
-def _shutdown(procs, conns):
+def _shutdown(procs, conns, header):
     """End worker processes: STOP, then terminate, then kill; close the pipes."""
-    stop = TASK_HEADER.pack(KIND_STOP, 0, 0, 0, 0, 0)
-    for c in conns:
-        try:
-            c.send_bytes(stop)
-        except (OSError, ValueError):
-            pass
+    for wid in range(len(procs)):
+        header.push(wid, ENTRY_STOP)  # a full queue: terminate() below ends it
     deadline = time.monotonic() + JOIN_SECONDS
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))
@@ -661,7 +658,11 @@ class _Pool:
         self.use_shared_mem = loader.use_shared_mem
         ctx = loader._mp_context
         nslots = loader.prefetch + 2
-        self.ring = SharedBatchRingBuffer(nslots, 0)
+        W = loader.num_workers
+        # A task's indices travel in the ring header: room for a batch of
+        # batch_size (batch samplers: up to 512); longer ones go by pipe.
+        per_task = loader.batch_size or 512
+        self.ring = SharedBatchRingBuffer(nslots, 0, task_queues=W, index_bytes=8 * (per_task + 1))
         self.header = self.ring.header
         self.free = list(range(nslots - 1, -1, -1))
         self.slot_task = [None] * nslots      # (token, seq, worker id) of an assigned slot
@@ -670,7 +671,6 @@ class _Pool:
         self.lent = {}                        # slot -> refcount of its region when lent
         self.procs, self.conns = [], []
         self.alive = True
-        W = loader.num_workers
         try:
             for wid in range(W):
                 main_end, worker_end = ctx.Pipe(duplex=True)
@@ -685,10 +685,10 @@ class _Pool:
                 p.start()
                 worker_end.close()
         except BaseException:
-            _shutdown(self.procs, self.conns)
+            _shutdown(self.procs, self.conns, self.header)
             raise
         # Runs at close(), at collection and at interpreter exit, whichever is first.
-        self._finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns)
+        self._finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns, self.header)
         loader._stats.ring_slots = nslots
         loader._stats.ring_bytes = self.ring.nbytes
 
@@ -704,7 +704,15 @@ class _Pool:
                 reduction.send_handle(c, seg.handle, p.pid)
             except (OSError, ValueError):
                 self.lost(wid)
+            self.push(wid, ENTRY_REMAP | slot)
         self.stats.ring_bytes = self.ring.nbytes
+
+    def push(self, wid, entry):
+        """Queue an entry for worker ``wid`` (a store; a wake only if it sleeps)."""
+        while not self.header.push(wid, entry):
+            # Cannot happen with the queue's capacity; never spin all the same.
+            self.check_alive()
+            time.sleep(0.001)
 
     def send(self, wid, data):
         try:
@@ -728,7 +736,7 @@ class _Pool:
         W = len(self.procs)
         wid = seq % W
         self.slot_task[slot] = (token, seq, wid)
-        self.header.set_task(slot, token, seq, wid + 1)
+        self.header.set_task(slot, token, seq, wid + 1, epoch)
         self.header.claim(slot, FREE, ASSIGNED)
         if isinstance(indices, np.ndarray):
             payload, flags = indices.tobytes(), 0
@@ -736,7 +744,11 @@ class _Pool:
             payload, flags = np.asarray(indices, np.int64).tobytes(), 0
         else:
             payload, flags = pickle.dumps(list(indices)), FLAG_PICKLED_INDICES
-        self.send(wid, TASK_HEADER.pack(KIND_TASK, flags, token, seq, slot, epoch) + payload)
+        if not flags and self.header.set_indices(slot, payload):
+            self.push(wid, ENTRY_TASK | slot)
+        else:
+            self.send(wid, TASK_HEADER.pack(KIND_TASK, flags, token, seq, slot, epoch) + payload)
+            self.push(wid, ENTRY_PIPED_TASK | slot)
         return slot, wid
 
     def refs(self, slot):
@@ -1051,8 +1063,10 @@ class _Iter:
         while not self.pool.free and self.deferred:
             # Every slot waits on an upload: the oldest is the next to finish.
             slot, gb = self.deferred.pop(0)
-            gb.wait()
-            self.pool.release(slot)
+            try:
+                gb.wait()  # re-raises a failed copy, once every copy has finished
+            finally:
+                self.pool.release(slot)
 
     def _wait_deferred(self):
         for slot, gb in self.deferred:

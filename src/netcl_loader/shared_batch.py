@@ -397,6 +397,12 @@ class SharedBatchRingBuffer:
         Capacity of each slot in bytes (rounded up to whole pages), for the
         arrays of one batch and its small layout record.
 
+    task_queues : int, optional
+        For a consumer that hands out slots itself (the DataLoader): one
+        task queue per producer process, and ``index_bytes`` per slot for the
+        task's description.
+    index_bytes : int, optional
+
     Notes
     -----
     To use it from another process, pass the ring as an argument of a
@@ -412,7 +418,8 @@ class SharedBatchRingBuffer:
     (array([0, 1, 2]), {'y': array([1., 1.])})
     """
 
-    def __init__(self, num_slots, slot_bytes, *, _segments=None, _header=None):
+    def __init__(self, num_slots, slot_bytes, *, task_queues=0, index_bytes=0, _segments=None,
+                 _header=None):
         if _header is not None:  # rebuilt in another process
             self._header = _header
             self._segments = list(_segments)
@@ -430,8 +437,13 @@ class SharedBatchRingBuffer:
                 f"cannot reserve {total} bytes of shared memory for a ring of {num_slots} "
                 f"slots of {slot_bytes} bytes: only {avail} bytes are available. Remedy: "
                 f"use fewer or smaller slots, free memory, or raise the container's memory limit.")
-        self._header = RingHeader(create_segment(RingHeader.header_bytes(num_slots), "a ring header"),
-                                  num_slots, True)
+        # Task queues (the loader's: one per worker) hold slot entries; a
+        # worker never has more than every slot plus a remap of each queued.
+        qcap = 2 * num_slots + 8 if task_queues else 0
+        index_bytes = (int(index_bytes) + 7) // 8 * 8
+        hbytes = RingHeader.header_bytes(num_slots, task_queues, qcap, index_bytes)
+        self._header = RingHeader(create_segment(hbytes, "a ring header"), num_slots, True,
+                                  task_queues, qcap, index_bytes)
         self._segments = [None] * num_slots
         self._caps = [0] * num_slots
         self._closed = False
