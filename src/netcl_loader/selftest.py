@@ -157,7 +157,7 @@ def _ring_echo(to_child, to_parent, count, elems):
 
 
 def _same(a, b, path="batch"):
-    """None when ``a`` and ``b`` are the same batch (types, dtypes, shapes, values), else why not."""
+    """None when ``a`` and ``b`` are the same batch (types, dtypes, shapes, values), else why."""
     if type(a) is not type(b):
         return f"{path}: {type(a).__name__} != {type(b).__name__}"
     if isinstance(a, np.ndarray):
@@ -328,7 +328,8 @@ def _check_pool(run, method):
         for k, (g, r) in enumerate(zip(got, ref)):
             why = _same(g, r)
             if why:
-                raise _Fail(f"epoch {epoch} batch {k} differs from num_workers=0: {why}", REMEDY_BUG)
+                raise _Fail(f"epoch {epoch} batch {k} differs from num_workers=0: {why}",
+                            REMEDY_BUG)
     return (f"2 workers: 2 epochs x {len(want[0])} batches equal to num_workers=0, pool reused; "
             f"start + first epoch {first_s:.2f} s",
             f"worker pids {pids}")
@@ -414,6 +415,9 @@ def check_errors(run):
             if "injected failure at index 21" not in msg or "__getitem__" not in msg:
                 raise _Fail(f"the re-raised error lacks the worker traceback: {msg[:200]!r}",
                             REMEDY_BUG) from None
+            if str(list(range(16, 24))) not in msg:
+                raise _Fail(f"the re-raised error does not name the batch's indices 16..23: "
+                            f"{msg[:200]!r}", REMEDY_BUG) from None
         else:
             raise _Fail("an exception in the dataset was not raised in the main process",
                         REMEDY_BUG)
@@ -439,7 +443,8 @@ def check_errors(run):
         except WorkerError as exc:
             took = time.perf_counter() - t0
             if str(victim) not in str(exc):
-                raise _Fail(f"WorkerError does not name the pid {victim}: {exc}", REMEDY_BUG) from None
+                raise _Fail(f"WorkerError does not name the pid {victim}: {exc}",
+                            REMEDY_BUG) from None
         except OSError as exc:
             raise _Fail(f"a worker killed with SIGKILL surfaced as {type(exc).__name__} ({exc}), "
                         f"not as WorkerError", REMEDY_BUG) from exc
@@ -448,10 +453,14 @@ def check_errors(run):
         if took > WORKER_DEATH_SECONDS:
             raise _Fail(f"a killed worker was reported after {took:.2f} s, more than "
                         f"{WORKER_DEATH_SECONDS} s", REMEDY_BUG)
+        old_pids = [victim] + loader.worker_pids
         n = len(list(loader))
         if n != len(loader):
             raise _Fail(f"after a killed worker the next epoch gave {n} of {len(loader)} batches",
                         REMEDY_BUG)
+        if set(loader.worker_pids) & set(old_pids):
+            raise _Fail(f"after a killed worker the old pool {old_pids} was kept "
+                        f"({loader.worker_pids})", REMEDY_BUG)
         restarts = loader.stats.worker_restarts
     return (figure + f"; SIGKILLed worker -> WorkerError in {took:.2f} s, next epoch on a new pool",
             f"worker_restarts={restarts}")
