@@ -743,3 +743,37 @@ def test_a_view_or_tensor_kept_from_a_batch_keeps_its_data():
         np.testing.assert_array_equal(tail, np.repeat(np.arange(1, 4)[:, None], 32, 1))
         if t is not None:
             np.testing.assert_array_equal(t.numpy(), np.repeat(np.arange(4, 8)[:, None], 32, 1))
+
+
+class SlowVec:
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        time.sleep(0.005)
+        return np.full(4, i, np.float32)
+
+
+def test_an_epoch_is_whole_while_the_caller_holds_batches_of_an_abandoned_one():
+    """No free slot at the start (two lent, the rest stale): wait, never end early."""
+    with make(SlowVec(), batch_size=4, shuffle=False, num_workers=2, prefetch=2) as dl:
+        list(dl)
+        it = iter(dl)
+        held = [next(it), next(it)]
+        del it
+        got = [int(v) for x in dl for v in x[:, 0]]
+        assert got == list(range(64))
+        assert [int(v) for v in held[1][:, 0]] == [4, 5, 6, 7]
+
+
+def test_a_batch_too_big_for_its_slot_grows_it_to_about_its_size():
+    x = np.zeros((64, 1 << 15), np.float32)  # 8 MiB per batch of 64
+    with make(ArrayDataset(x), batch_size=64, shuffle=False, num_workers=2, prefetch=2) as dl:
+        for _ in range(2):
+            for _ in dl:
+                pass
+        ring = dl._pool.ring
+        grown = [ring.capacity(i) for i in range(ring.num_slots) if ring.capacity(i)]
+        assert grown, "no slot grew: every batch went through a pipe"
+        for cap in grown:  # the batch, its record and the growth headroom; not 3x
+            assert 8 << 20 <= cap <= 1.3 * (8 << 20) + (1 << 20)

@@ -1,8 +1,16 @@
 """netcl_loader: a fast, trustworthy data loader for training loops."""
+try:
+    from . import _collate, _ring  # noqa: F401  the compiled core
+except ImportError as exc:  # pragma: no cover - a broken install
+    raise ImportError(
+        f"netcl_loader's compiled extension could not be imported ({exc}). Remedy: reinstall "
+        f"the package where a C compiler is available (pip install --force-reinstall "
+        f"--no-binary netcl-loader netcl-loader, or pip install . from a clone).") from exc
+
+from ._worker import WorkerInfo, get_worker_info
 from .dataloader import DataLoader, LoaderStats, WorkerError
 from .datasets import ArrayDataset, Subset, random_split
 from .gpu_batch import GpuBatch
-from ._worker import WorkerInfo, get_worker_info
 
 __version__ = "0.1.0"
 

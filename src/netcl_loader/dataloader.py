@@ -287,6 +287,7 @@ class DataLoader:
         self._next_epoch = 0
         self._resume = None          # (epoch, done_prefix, extra_done) for the next iteration
         self._stopped = None         # where an iteration left before its end stopped (state_dict)
+        self._prestarted = None      # (iterator, config) of the next epoch, started early
         self._active = None          # weakref to the running iterator
         self._token = 0
         self._queue = None
@@ -552,9 +553,53 @@ class DataLoader:
             epoch, prefix, extra = self._next_epoch, 0, set()
         self._next_epoch = epoch + 1
         self._stopped = None
-        it = _Iter(self, epoch, prefix, extra)
+        it = self._take_prestarted(epoch) if not prefix and not extra else None
+        if it is None:
+            self._discard_prestarted()
+            it = _Iter(self, epoch, prefix, extra)
         self._active = weakref.ref(it)
         return it
+
+    # -- the next epoch, started while the caller finishes this one ----------
+    def _config_key(self):
+        return (self.batch_size, self.shuffle, self.drop_last, self.seed, self.rank,
+                self.world_size, id(self.dataset), len(self.dataset), self.collate_fn,
+                self.transforms, self.use_shared_mem)
+
+    def _prestart(self, epoch):
+        """Hand out the first tasks of ``epoch`` now, so that a warm pool has its
+        first batch ready when the caller asks (the order is known in advance).
+
+        Only for the built-in order: a user's sampler is iterated when the
+        caller iterates, never earlier.
+        """
+        if (self._closed or self.num_workers == 0 or self.sampler is not None
+                or self.batch_sampler is not None or self._resume is not None
+                or self._next_epoch != epoch or self._pool is None or not self._pool.alive):
+            return
+        try:
+            it = _Iter(self, epoch, 0, set(), prestarted=True)
+        except Exception:
+            return  # the same error comes back, in its place, at the next iter()
+        self._prestarted = (it, self._config_key())
+
+    def _take_prestarted(self, epoch):
+        pre, self._prestarted = self._prestarted, None
+        if pre is None:
+            return None
+        it, key = pre
+        if (it.epoch == epoch and key == self._config_key() and it.pool is self._pool
+                and self._pool is not None and self._pool.alive and not it.finished):
+            it.prestarted = False
+            it._last = time.perf_counter()
+            return it
+        it._abandon()
+        return None
+
+    def _discard_prestarted(self):
+        pre, self._prestarted = self._prestarted, None
+        if pre is not None:
+            pre[0]._abandon()
 
     def close(self):
         """End the worker pool and free the ring (idempotent; also on ``with`` exit and collection)."""
@@ -563,6 +608,7 @@ class DataLoader:
         old = self._active() if getattr(self, "_active", None) is not None else None
         if old is not None:
             old._abandon()
+        self._discard_prestarted()
         self._closed = True
         self._shutdown_pool()
         self._out_pool.clear()
@@ -815,10 +861,12 @@ class _Pool:
 class _Iter:
     """One epoch of batches."""
 
-    def __init__(self, loader, epoch, prefix, extra):
+    def __init__(self, loader, epoch, prefix, extra, prestarted=False):
         self.loader = loader
         self.epoch = epoch
         self.finished = False
+        self.prestarted = prestarted     # started early by the loader, not yet handed out
+        t0 = time.perf_counter()
         self.done_prefix = prefix        # batches 0..prefix-1 are done
         self.done_extra = set(extra)     # done batches past the prefix (in_order=False)
         self.pending = {}                # seq -> (slot, worker id, n samples)
@@ -837,6 +885,10 @@ class _Iter:
             self.pool.header.set_token(self.token)
             self.pool.reap(self.token)
             self._fill()
+        if not prestarted:
+            # Starting the pool and the first tasks is time the caller waits too.
+            self._last = t0
+            loader._stats.wait_seconds += time.perf_counter() - t0
 
     @staticmethod
     def _numbered(batches, prefix, extra):
@@ -868,15 +920,20 @@ class _Iter:
             if self.pool.lent:
                 self.pool.reclaim_lent()
             self._fill()
-            if not self.pending:
-                self._finish()
-                raise StopIteration
+            while not self.pending:
+                if not self._tasks_left:
+                    self._finish()
+                    raise StopIteration
+                self._wait_for_slot()  # every slot is lent, deferred or still stale
+                self._fill()
             seq, slot, wid, n = self._wait()
             state = self.pool.header.state(slot)
             if state == READY:
                 batch = self._take_ready(slot)
             else:  # PIPED
+                t0 = time.perf_counter()
                 msg = self.pool.recv(wid, self.token, seq)
+                stats.wait_seconds += time.perf_counter() - t0
                 needed = self.pool.header.result(slot)[2]
                 if needed:
                     stats.piped_batches += 1
@@ -993,6 +1050,29 @@ class _Iter:
         slot, wid, n = self.pending.pop(found)
         return found, slot, wid, n
 
+    def _wait_for_slot(self):
+        """Sleep until a slot is free: stale tasks finish, the caller drops a lent
+        batch, or an upload completes."""
+        pool, loader = self.pool, self.loader
+        header = pool.header
+        t0 = time.perf_counter()
+        while True:
+            seen = header.gen()
+            pool.reap(self.token)
+            if pool.lent:
+                pool.reclaim_lent()
+            self._poll_deferred()
+            if pool.free:
+                break
+            pool.check_alive()
+            if loader.timeout is not None and time.perf_counter() - t0 >= loader.timeout:
+                self._abandon()
+                raise TimeoutError(f"DataLoader timed out after timeout={loader.timeout} s "
+                                   f"waiting for a free ring slot (the caller holds "
+                                   f"{len(pool.lent)} batches)")
+            header.wait_gen(seen, WAIT_SLICE_MS)
+        loader._stats.wait_seconds += time.perf_counter() - t0
+
     # -- delivery -----------------------------------------------------------------
     def _take_ready(self, slot):
         loader, pool = self.loader, self.pool
@@ -1083,12 +1163,14 @@ class _Iter:
             self.finished = True
             self.loader._stats.epochs += 1
             self._cleanup()
+            self.loader._prestart(self.epoch + 1)
 
     def _abandon(self):
         """End this iteration early; its batches still in flight are discarded later."""
         if not self.finished:
             self.finished = True
-            self.loader._stopped = (self.epoch, self.done_prefix, set(self.done_extra))
+            if not self.prestarted:
+                self.loader._stopped = (self.epoch, self.done_prefix, set(self.done_extra))
             self._cleanup()
 
     def _cleanup(self):

@@ -145,13 +145,14 @@ class SlotWriter:
     many bytes the whole batch took, so the owner can grow the slot.
     """
 
-    __slots__ = ("segment", "capacity", "needed", "placed")
+    __slots__ = ("segment", "capacity", "needed", "placed", "overflow")
 
     def __init__(self, segment, capacity):
         self.segment = segment
         self.capacity = capacity if segment is not None else 0
         self.needed = 0
         self.placed = {}
+        self.overflow = False
 
     def alloc(self, shape, dtype):
         dtype = np.dtype(dtype)
@@ -164,8 +165,12 @@ class SlotWriter:
         off = _align(self.needed)
         self.needed = off + nbytes
         if self.needed > self.capacity:
-            return np.empty(shape, dtype)
-        arr = np.frombuffer(self.segment, dtype, count, off).reshape(shape)
+            # No room: a private array, still given its place, so that the
+            # record (and `needed`) come out as they would in a slot that fits.
+            arr = np.empty(shape, dtype)
+            self.overflow = True
+        else:
+            arr = np.frombuffer(self.segment, dtype, count, off).reshape(shape)
         self.placed[id(arr)] = (arr, off)
         return arr
 
@@ -180,11 +185,9 @@ class SlotWriter:
             if batch.dtype.hasobject or batch.size == 0:
                 return batch  # object references cannot live in shared memory
             dst = self.alloc(batch.shape, batch.dtype)
-            hit = self.placed.get(id(dst))
-            if hit is None:
-                return batch  # no room: the whole batch goes another way
-            np.copyto(dst, batch, casting="no")
-            off = hit[1]
+            off = self.placed[id(dst)][1]
+            if not self.overflow:
+                np.copyto(dst, batch, casting="no")
             return _Ref((off, _dtype_record(batch.dtype), batch.shape))
         if t is tuple:
             return tuple([self.encode(b) for b in batch])
@@ -221,7 +224,7 @@ class SlotWriter:
         Returns ``(meta_off, meta_len, used)`` when it fit, or ``None`` when it
         did not, with ``self.needed`` holding the bytes it takes.
         """
-        key = self._signature(batch) if self.needed <= self.capacity else None
+        key = self._signature(batch) if not self.overflow else None
         record = _records.get(key) if key is not None else None
         if record is None:
             record = pickle.dumps(self.encode(batch), protocol=pickle.HIGHEST_PROTOCOL)
