@@ -142,7 +142,8 @@ class AugDataset:
 
 
 class FusedAugDataset(AugDataset):
-    """aug with netcl_loader.augment.crop_flip_normalize: one nogil pass per image."""
+    """aug with netcl_loader.augment.crop_flip_normalize: one nogil pass per image,
+    written straight into the batch's ring slot through the batch fast path."""
 
     def __getitem__(self, i):
         from netcl_loader.augment import crop_flip_normalize
@@ -151,6 +152,19 @@ class FusedAugDataset(AugDataset):
         x = crop_flip_normalize(self.images[i], top, left, AUG_CROP, AUG_CROP, flip,
                                 IMAGENET_MEAN, IMAGENET_STD)
         return x, int(self.labels[i])
+
+    def gather_batch(self, indices, alloc):
+        """netcl_loader's batch fast path: ``alloc`` hands out space in the ring slot."""
+        from netcl_loader.augment import crop_flip_normalize
+
+        x = alloc((len(indices), 3, AUG_CROP, AUG_CROP), np.float32)
+        y = alloc((len(indices),), np.int64)
+        for k, i in enumerate(indices):
+            top, left, flip = self._window()
+            crop_flip_normalize(self.images[i], top, left, AUG_CROP, AUG_CROP, flip,
+                                IMAGENET_MEAN, IMAGENET_STD, out=x[k])
+        np.take(self.labels, indices, out=y)
+        return x, y
 
 
 class Scenario:

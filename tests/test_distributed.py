@@ -233,10 +233,20 @@ def _mpirun():
     cmd = [mpirun, "-np", "4"]
     if "Open MPI" in version.stdout + version.stderr:
         # 4 ranks on fewer cores; Open MPI refuses root unless told.
-        cmd.append("--oversubscribe")
+        cmd += ["--oversubscribe", "--bind-to", "none"]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             cmd.append("--allow-run-as-root")
     return cmd
+
+
+#: One machine: shared memory between ranks, the runtime's wire-up on loopback
+#: only, and no cross-process memory attach (often refused in containers).
+OPEN_MPI_LOCAL = {
+    "OMPI_MCA_rmaps_base_oversubscribe": "1",
+    "OMPI_MCA_btl": "self,vader",
+    "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
+    "OMPI_MCA_oob_tcp_if_include": "lo",
+}
 
 
 @pytest.mark.parametrize("drop_last", [False, True])
@@ -247,7 +257,7 @@ def test_shards_under_mpirun(drop_last):
     if drop_last:
         cmd.append("--drop-last")
     env = {k: v for k, v in os.environ.items() if k not in ALL_VARS}  # mpirun sets its own
-    env["OMPI_MCA_rmaps_base_oversubscribe"] = "1"
+    env.update(OPEN_MPI_LOCAL)
     # Its own session, so that a hung job can be ended with every rank in it.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, start_new_session=True)

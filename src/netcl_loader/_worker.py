@@ -83,8 +83,8 @@ def build_batch(dataset, indices, collate_fn, transforms, alloc):
     ``__getitems__``/``__getitem__``, then the compiled collate (writing into
     ``alloc``'s buffers) or the user's ``collate_fn``, then ``transforms``.
     """
-    if collate_fn is None and hasattr(dataset, "_gather_batch") and isinstance(indices, np.ndarray):
-        batch = dataset._gather_batch(indices, alloc)
+    if collate_fn is None and hasattr(dataset, "gather_batch") and isinstance(indices, np.ndarray):
+        batch = dataset.gather_batch(indices, alloc)
     else:
         idx = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
         getitems = getattr(dataset, "__getitems__", None)

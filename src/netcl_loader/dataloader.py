@@ -828,8 +828,9 @@ class _Pool:
                 self.lost(wid)
             if (msg[1], msg[2]) == key:
                 return msg
-            if msg[1] == self.header.token():
-                self.stash[(msg[1], msg[2])] = msg
+            # Another batch's payload, of this iteration or a stale one: its
+            # slot is PIPED and will ask for it (reap() for a stale one).
+            self.stash[(msg[1], msg[2])] = msg
 
     def reap(self, token):
         """Free the slots of older iterations whose workers have finished with them."""

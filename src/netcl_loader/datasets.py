@@ -68,8 +68,26 @@ class ArrayDataset:
         cols = [np.take(a, idx, axis=0) for a in self.arrays]
         return [tuple(c[j] for c in cols) for j in range(len(idx))]
 
-    def _gather_batch(self, indices, alloc):
-        """The batch of ``indices``, each array gathered into ``alloc``'s buffer."""
+    def gather_batch(self, indices, alloc):
+        """The batch of ``indices``, each array gathered into ``alloc``'s buffer.
+
+        The batch fast path that any dataset may offer: the loader calls
+        ``gather_batch(indices, alloc)`` instead of fetching and collating
+        samples (when there is no ``collate_fn``); ``alloc(shape, dtype)``
+        returns a writable C-contiguous array in the batch's ring slot.
+
+        Parameters
+        ----------
+        indices : ndarray of int64
+            Dataset indices of the batch.
+        alloc : callable
+            ``alloc(shape, dtype) -> ndarray`` for each output array.
+
+        Returns
+        -------
+        tuple of ndarray
+            The arrays ``alloc`` gave, filled.
+        """
         idx = np.ascontiguousarray(indices, dtype=np.int64)
         out = []
         for a in self.arrays:
@@ -119,8 +137,8 @@ class Subset:
 
     def __getattr__(self, name):
         # Forward the batch fast path of the wrapped dataset, if it has one.
-        if name == "_gather_batch":
-            inner = getattr(self.dataset, "_gather_batch")
+        if name == "gather_batch":
+            inner = getattr(self.dataset, "gather_batch")
 
             def gather(indices, alloc):
                 return inner(self.indices[np.asarray(indices, dtype=np.int64)], alloc)
