@@ -349,28 +349,18 @@ class DataLoader:
         return order
 
     def _batches(self, epoch):
-        """The index batches of one epoch, as int64 arrays (or lists from a batch sampler)."""
+        """An iterator over the index batches of one epoch: int64 arrays (lists
+        from a sampler or batch sampler).  It holds no reference to the loader."""
         if self.batch_sampler is not None:
             self._forward_epoch(self.batch_sampler, epoch)
-            for b in self.batch_sampler:
-                yield b
-            return
+            return iter(self.batch_sampler)
         if self.sampler is not None:
             self._forward_epoch(self.sampler, epoch)
-            batch = []
-            for i in self.sampler:
-                batch.append(i)
-                if len(batch) == self.batch_size:
-                    yield batch
-                    batch = []
-            if batch and not self.drop_last:
-                yield batch
-            return
+            return _group(iter(self.sampler), self.batch_size, self.drop_last)
         order = self._local_order(epoch)
         bs = self.batch_size
         stop = len(order) - len(order) % bs if self.drop_last else len(order)
-        for start in range(0, stop, bs):
-            yield order[start:start + bs]
+        return iter([order[start:start + bs] for start in range(0, stop, bs)])
 
     @staticmethod
     def _forward_epoch(sampler, epoch):
@@ -581,6 +571,9 @@ class DataLoader:
             it = _Iter(self, epoch, 0, set(), prestarted=True)
         except Exception:
             return  # the same error comes back, in its place, at the next iter()
+        # Until handed out, the iterator must not keep its loader alive: a loader
+        # dropped by the caller is collected (and closes its pool) at once.
+        it.loader = weakref.proxy(self)
         self._prestarted = (it, self._config_key())
 
     def _take_prestarted(self, epoch):
@@ -591,6 +584,7 @@ class DataLoader:
         if (it.epoch == epoch and key == self._config_key() and it.pool is self._pool
                 and self._pool is not None and self._pool.alive and not it.finished):
             it.prestarted = False
+            it.loader = self
             it._last = time.perf_counter()
             return it
         it._abandon()
@@ -634,6 +628,18 @@ class DataLoader:
         return (f"DataLoader({type(self.dataset).__name__} of {len(self.dataset)}, "
                 f"batch_size={self.batch_size}, shuffle={self.shuffle}, num_workers={self.num_workers}, "
                 f"prefetch={self.prefetch}, seed={self.seed})")
+
+
+def _group(indices, batch_size, drop_last):
+    """Index lists of ``batch_size`` from an iterator of indices."""
+    batch = []
+    for i in indices:
+        batch.append(i)
+        if len(batch) == batch_size:
+            yield batch
+            batch = []
+    if batch and not drop_last:
+        yield batch
 
 
 def _read_only(batch):
