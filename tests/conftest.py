@@ -1,5 +1,4 @@
 """Shared fixtures: an OpenCL queue on whatever device is present (PoCL on CI)."""
-import os
 
 import pytest
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import netcl_loader
-from netcl_loader import ArrayDataset, DataLoader, WorkerError
+from netcl_loader import DataLoader
 
 #: Seconds one batch may take before a test fails instead of hanging.
 BATCH_TIMEOUT_SECONDS = 30

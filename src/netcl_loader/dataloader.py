@@ -1,7 +1,6 @@
 """DataLoader: batches from a map-style dataset, made by a persistent pool of worker processes."""
 from __future__ import annotations
 
-import math
 import multiprocessing
 import numbers
 import os
@@ -290,7 +289,6 @@ class DataLoader:
         self._prestarted = None      # (iterator, config) of the next epoch, started early
         self._active = None          # weakref to the running iterator
         self._token = 0
-        self._queue = None
         self._uploader = None
         self._warned_upload = False
         self._out_pool = OutputPool()
@@ -493,14 +491,12 @@ class DataLoader:
         """
         self._finish_uploads()
         old, self._uploader = self._uploader, None
-        self._queue = None
         if old is not None:
             old.close()
         if queue is None:
             return
         from .gpu_batch import Uploader
         self._uploader = Uploader(queue, allocator=allocator)
-        self._queue = queue
         self._warned_upload = False
 
     def _finish_uploads(self):
