@@ -67,6 +67,7 @@ except ImportError as exc:  # pragma: no cover - depends on the machine
 
 from netcl_loader import DataLoader
 from netcl_loader.gpu_batch import Uploader
+from peers import ViewDataset  # the SPEC §9 datasets live in the peers script
 
 # The stand-in training step: one work-item per element (pyopencl's
 # ElementwiseKernel, a strided loop, runs some 20x slower on PoCL).
@@ -213,20 +214,6 @@ def bench_overlap(mode, queue, slots, n_batches, reps, warmup, pool):
 # --------------------------------------------------------------------------
 # The whole loader: SPEC §9 "big", num_workers=2 (issue 4's figures)
 # --------------------------------------------------------------------------
-
-class ViewDataset:
-    """Samples are ``(data[i], int label)``: views of one preloaded array (SPEC §9 big)."""
-
-    def __init__(self, data, labels):
-        self.data = data
-        self.labels = labels
-
-    def __len__(self):
-        return len(self.data)
-
-    def __getitem__(self, i):
-        return self.data[i], int(self.labels[i])
-
 
 def make_big_dataset(n_samples=BIG_SAMPLES, seed=0, period=97):
     """The big scenario's dataset, every page touched; rows repeat with a short

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import netcl_loader
+from procs import gone, wait_gone
 from netcl_loader import DataLoader
 
 #: Seconds one batch may take before a test fails instead of hanging.
@@ -114,28 +115,6 @@ def run_child(code, timeout=CHILD_TIMEOUT_SECONDS):
     env.pop("PYTHONWARNINGS", None)
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
                           text=True, timeout=timeout, env=env)
-
-
-def gone(pid):
-    """True when pid no longer runs (no such process, or a zombie awaiting its parent)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except OSError:
-        return True
-
-
-def wait_gone(pids, seconds=5.0):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if all(gone(p) for p in pids):
-            return True
-        time.sleep(0.05)
-    return all(gone(p) for p in pids)
 
 
 def results(stdout):

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from netcl_loader import ArrayDataset, DataLoader, get_worker_info
+from procs import gone, wait_gone
 
 #: Seconds one batch may take before a test fails instead of hanging.
 BATCH_TIMEOUT_SECONDS = 30
 #: Seconds a closed loader's workers get to disappear.
-EXIT_WAIT_SECONDS = 5.0
 
 
 # -- datasets (module level: picklable for spawn) -----------------------------
@@ -126,28 +126,6 @@ def assert_same_batches(a, b):
 
 def ids(batches):
     return [b[1].tolist() for b in batches]
-
-
-def gone(pid):
-    """True when pid no longer runs (no such process, or a zombie awaiting its parent)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except OSError:
-        return True
-
-
-def wait_gone(pids, seconds=EXIT_WAIT_SECONDS):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if all(gone(p) for p in pids):
-            return True
-        time.sleep(0.05)
-    return all(gone(p) for p in pids)
 
 
 # -- one epoch ----------------------------------------------------------------

@@ -3,9 +3,9 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
+from procs import wait_gone
 
 LOADER_SETUP = """
 import os, sys, time, signal
@@ -34,25 +34,6 @@ def _run(code, timeout=60):
                               timeout=timeout)
 
 
-def _alive(pid):
-    """True while ``pid`` runs (a zombie counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
-
-
-def _wait_gone(pids, seconds):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not any(_alive(p) for p in pids):
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def _dev_shm():
     try:
         return set(os.listdir("/dev/shm"))
@@ -79,7 +60,7 @@ def test_main_killed_leaves_no_worker_and_nothing_in_dev_shm(method):
     assert out.returncode == -9, out.stderr
     pids = [int(p) for p in out.stdout.split("PIDS")[1].split()]
     assert len(pids) == 2
-    assert _wait_gone(pids, 5.0), f"workers {pids} still alive 5 s after the main process died"
+    assert wait_gone(pids, 5.0), f"workers {pids} still alive 5 s after the main process died"
     assert _dev_shm() - before == set()
 
 
@@ -147,7 +128,7 @@ def test_clean_exit_without_close_leaves_no_worker_and_no_stderr():
     assert out.returncode == 0
     assert out.stderr == ""
     pids = [int(p) for p in out.stdout.split("PIDS")[1].split()]
-    assert _wait_gone(pids, 5.0)
+    assert wait_gone(pids, 5.0)
 
 
 def test_collected_loader_ends_its_workers():
