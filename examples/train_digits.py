@@ -80,8 +80,9 @@ class MLP:
         return self.forward(x)[1].argmax(axis=1)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv, description):
+    """The options both digits examples take; returns (args, epochs)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--quick", action="store_true", help="8 epochs instead of 30")
     parser.add_argument("--epochs", type=int, default=None)
     parser.add_argument("--batch-size", type=int, default=32)
@@ -89,7 +90,11 @@ def main(argv=None):
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    epochs = args.epochs if args.epochs is not None else (8 if args.quick else 30)
+    return args, args.epochs if args.epochs is not None else (8 if args.quick else 30)
+
+
+def main(argv=None):
+    args, epochs = parse_args(argv, __doc__.splitlines()[0])
 
     x_train, y_train, x_test, y_test = load_split(args.seed)
     print(f"digits: {len(x_train)} training and {len(x_test)} test images of 8x8 pixels")

@@ -8,7 +8,6 @@ without a copy.
     python examples/train_digits_torch.py            # 30 epochs
     python examples/train_digits_torch.py --quick    # 8 epochs, still >= 90%
 """
-import argparse
 import os
 import sys
 import time
@@ -16,19 +15,11 @@ import time
 from netcl_loader import ArrayDataset, DataLoader
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_digits import load_split  # noqa: E402  (the same data and split)
+from train_digits import load_split, parse_args  # noqa: E402  (the same data, split, options)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="8 epochs instead of 30")
-    parser.add_argument("--epochs", type=int, default=None)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    epochs = args.epochs if args.epochs is not None else (8 if args.quick else 30)
+    args, epochs = parse_args(argv, __doc__.splitlines()[0])
 
     try:
         import torch
