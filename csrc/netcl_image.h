@@ -63,7 +63,13 @@ static inline void netcl_image_crop_flip_normalize(
 
 /* A batch of n images, image i at src + i * stride_n, its window's top-left
  * corner at (top[i], left[i]), flipped where flip[i] != 0. Output image i is
- * dst + i * channels * out_h * out_w. */
+ * dst + i * channels * out_h * out_w.
+ *
+ * Precondition, checked by the caller: out_h, out_w >= 1 and every window
+ * lies inside its image, 0 <= top[i] <= height - out_h and
+ * 0 <= left[i] <= width - out_w. The caller must test it in that form and not
+ * as top[i] + out_h <= height, which wraps for a top[i] near INT64_MAX and
+ * would let this function read anywhere in the address space. */
 static inline void netcl_image_crop_flip_normalize_batch(
         const uint8_t *src, ptrdiff_t stride_n, ptrdiff_t stride_h, ptrdiff_t stride_w,
         ptrdiff_t stride_c, size_t n, size_t channels, size_t out_h, size_t out_w,

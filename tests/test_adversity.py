@@ -601,3 +601,63 @@ def test_abandoned_epochs_with_piped_batches_never_hang():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "OK False 200" in out.stdout and "OK True 200" in out.stdout
+
+
+def test_a_worker_that_cannot_map_a_grown_slot_raises_shared_memory_error():
+    """mmap of a grown slot refused in one worker (issue 10): a clear error, not "exit code 0"."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("RLIMIT_AS and /proc/self/status are Linux's")
+    code = """
+        import re, resource
+        import numpy as np
+        from netcl_loader import DataLoader
+        from netcl_loader._ring import SharedMemoryError
+
+        SAMPLE_FLOATS = 4 << 20          # 16 MiB per big sample, 32 MiB per big batch
+
+        class Growing:
+            # Batch k (batch_size 2, in order) goes to worker k % 2: worker 1
+            # makes big batches, so the slots grow; worker 0's stay tiny, so
+            # only the mapping of a grown slot needs room in worker 0.
+            def __len__(self):
+                return 16
+            def __getitem__(self, i):
+                return np.zeros(SAMPLE_FLOATS if (i // 2) % 2 else 4, np.float32)
+
+        def cap_worker_0(worker_id):
+            if worker_id == 0:  # 16 MiB of address space left: no grown slot maps
+                with open("/proc/self/status") as f:
+                    vm = next(int(line.split()[1]) * 1024 for line in f
+                              if line.startswith("VmSize:"))
+                hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+                resource.setrlimit(resource.RLIMIT_AS, (vm + (16 << 20), hard))
+
+        with DataLoader(Growing(), batch_size=2, shuffle=False, num_workers=2, prefetch=2,
+                        timeout=30, worker_init_fn=cap_worker_0) as dl:
+            it = iter(dl)
+            batches, errors = 0, []
+            while True:
+                try:
+                    next(it)
+                    batches += 1
+                except StopIteration:
+                    break
+                except SharedMemoryError as e:
+                    errors.append(str(e))
+            print("BATCHES=%d" % batches)
+            print("ERRORS=%d" % len(errors))
+            first = errors[0] if errors else ""
+            m = re.search(r"worker 0 could not map a grown ring slot of (\\d+) bytes: (.*)", first)
+            print("BYTES=%s" % (m.group(1) if m else ""))
+            print("REMEDY=%d" % ("Remedy: raise the worker's address-space limit" in first))
+            print("FIRST=" + first.replace("\\n", " | "))
+    """
+    r = run_child(code)
+    assert r.returncode == 0, r.stderr
+    out = results(r.stdout)
+    assert int(out["ERRORS"]) >= 1, r.stdout
+    # Every batch is either delivered or reported: nothing lost, nothing hangs.
+    assert int(out["BATCHES"]) + int(out["ERRORS"]) == 8, r.stdout
+    assert out["BYTES"] and int(out["BYTES"]) >= 32 << 20, out["FIRST"]
+    assert out["REMEDY"] == "1", out["FIRST"]
+    assert "exited unexpectedly" not in r.stdout + r.stderr

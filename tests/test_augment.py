@@ -468,3 +468,97 @@ def test_compiled_wrapper_refuses_out_of_bounds_windows():
                                            np.zeros((3, 2, 2), F32))
     with pytest.raises(ValueError, match="out has shape"):
         _image.crop_flip_normalize_one(IMG, 0, 0, False, mean, std, np.zeros((2, 2, 2), F32))
+
+
+# --------------------------------------------------------------------------
+# Windows whose bounds overflow 64-bit arithmetic (issue 10): each must be a
+# ValueError naming the argument and its value, never a read outside the image.
+# The cases run in a child process, so a segfault is a test failure with the
+# case that caused it, not the end of the pytest run.
+# --------------------------------------------------------------------------
+
+_HUGE_STARTS = (2**63 - 3, 2**62, -2**63)
+
+# (label, expression, text the ValueError must contain); `A` is augment, `_image`
+# the compiled module, images are 8x8 with 3 channels, the window 4x4.
+_OVERFLOW_CASES = [
+    (f"{entry} {name}={v}", expr.format(v=v), f"{name}={v}")
+    for v in _HUGE_STARTS
+    for name in ("top", "left")
+    for entry, expr in (
+        ("batch", "A.crop_flip_normalize(np.zeros((1, 8, 8, 3), np.uint8), "
+                  + ("np.array([{v}]), 0" if name == "top" else "0, np.array([{v}])") + ", 4, 4)"),
+        ("batch-scalar", "A.crop_flip_normalize(np.zeros((2, 8, 8, 3), np.uint8), "
+                         + ("{v}, 0" if name == "top" else "0, {v}") + ", 4, 4)"),
+        ("one", "A.crop_flip_normalize(np.zeros((8, 8, 3), np.uint8), "
+                + ("{v}, 0" if name == "top" else "0, {v}") + ", 4, 4)"),
+        ("compiled-batch", "_image.crop_flip_normalize_u8(np.zeros((1, 8, 8, 3), np.uint8), "
+                           + ("np.array([{v}]), np.zeros(1, np.int64)" if name == "top"
+                              else "np.zeros(1, np.int64), np.array([{v}])")
+                           + ", np.zeros(1, np.uint8), np.zeros(3, np.float32), "
+                             "np.ones(3, np.float32), np.zeros((1, 3, 4, 4), np.float32))"),
+        ("compiled-one", "_image.crop_flip_normalize_one(np.zeros((8, 8, 3), np.uint8), "
+                         + ("{v}, 0" if name == "top" else "0, {v}")
+                         + ", False, np.zeros(3, np.float32), np.ones(3, np.float32), "
+                           "np.zeros((3, 4, 4), np.float32))"),
+    )
+] + [
+    # Starts past int64 (uint64 arrays would wrap to negative values on a cast).
+    ("batch uint64 top=2**63", "A.crop_flip_normalize(np.zeros((1, 8, 8, 3), np.uint8), "
+     "np.array([2**63], np.uint64), 0, 4, 4)", f"top={2**63}"),
+    ("batch-scalar top=2**64", "A.crop_flip_normalize(np.zeros((1, 8, 8, 3), np.uint8), "
+     "2**64, 0, 4, 4)", f"top={2**64}"),
+    ("one left=2**70", "A.crop_flip_normalize(np.zeros((8, 8, 3), np.uint8), 0, 2**70, 4, 4)",
+     f"left={2**70}"),
+    # A window larger than the image, at a start that is itself fine.
+    ("batch window 9x4", "A.crop_flip_normalize(np.zeros((2, 8, 8, 3), np.uint8), 0, 0, 9, 4)",
+     "top=0 with height=9 for image 0 needs height <= 8"),
+    ("batch window 4x9", "A.crop_flip_normalize(np.zeros((2, 8, 8, 3), np.uint8), "
+     "[0, 0], [0, 0], 4, 9)", "left=0 with width=9 for image 0 needs width <= 8"),
+    ("one window 9x9", "A.crop_flip_normalize(np.zeros((8, 8, 3), np.uint8), 0, 0, 9, 9)",
+     "top=0 with height=9 needs height <= 8"),
+    ("compiled-batch window 9x4", "_image.crop_flip_normalize_u8("
+     "np.zeros((1, 8, 8, 3), np.uint8), np.zeros(1, np.int64), np.zeros(1, np.int64), "
+     "np.zeros(1, np.uint8), np.zeros(3, np.float32), np.ones(3, np.float32), "
+     "np.zeros((1, 3, 9, 4), np.float32))", "top=0, left=0 of image 0 is outside its 8x8"),
+    ("compiled-one window 4x9", "_image.crop_flip_normalize_one(np.zeros((8, 8, 3), np.uint8), "
+     "0, 0, False, np.zeros(3, np.float32), np.ones(3, np.float32), "
+     "np.zeros((3, 4, 9), np.float32))", "needs 4x9 <= 8x8"),
+]
+
+_OVERFLOW_CHILD = """
+import json, sys
+import numpy as np
+from netcl_loader import _image
+from netcl_loader import augment as A
+for label, expr in json.loads(sys.argv[1]):
+    print("START", label, flush=True)  # names the culprit should the next line crash
+    try:
+        eval(expr)
+    except Exception as e:
+        print("RESULT", json.dumps([label, type(e).__name__, str(e)]), flush=True)
+    else:
+        print("RESULT", json.dumps([label, None, ""]), flush=True)
+"""
+
+
+def test_crop_windows_that_overflow_int64_are_value_errors_in_a_child():
+    import json
+    import subprocess
+    import sys
+    cases = [(label, expr) for label, expr, _ in _OVERFLOW_CASES]
+    proc = subprocess.run([sys.executable, "-c", _OVERFLOW_CHILD, json.dumps(cases)],
+                          capture_output=True, text=True, timeout=120)
+    started = [ln[6:] for ln in proc.stdout.splitlines() if ln.startswith("START ")]
+    assert proc.returncode == 0, (f"child died with code {proc.returncode} during case "
+                                  f"{started[-1] if started else None!r}: {proc.stderr[-2000:]}")
+    results = {r[0]: r[1:] for r in (json.loads(ln[7:]) for ln in proc.stdout.splitlines()
+                                     if ln.startswith("RESULT "))}
+    assert len(results) == len(_OVERFLOW_CASES)
+    for label, _, text in _OVERFLOW_CASES:
+        exc, msg = results[label]
+        assert exc == "ValueError", f"{label}: expected ValueError, got {exc}: {msg}"
+        assert text in msg, f"{label}: {text!r} not in {msg!r}"
+        if "window" not in label:
+            # Names what would be right, not only what was wrong.
+            assert "needs" in msg and "<=" in msg, f"{label}: {msg!r}"

@@ -437,9 +437,10 @@ def worker_info_collate(samples):
             len(info.dataset), os.getpid())
 
 
-def test_get_worker_info_in_the_worker():
+@pytest.mark.parametrize("seeding", ["worker", "batch"])
+def test_get_worker_info_in_the_worker(seeding):
     with make(WorkerProbe(12), batch_size=2, num_workers=2, collate_fn=worker_info_collate,
-              seed=3) as dl:
+              seed=3, worker_seeding=seeding) as dl:
         got = list(dl)
         pids = dl.worker_pids
     assert {g[0] for g in got} <= {0, 1}
@@ -448,11 +449,14 @@ def test_get_worker_info_in_the_worker():
     by_worker = {}
     for g in got:
         by_worker.setdefault(g[0], set()).add((g[2], g[5]))
-    for wid, vals in by_worker.items():
-        assert len(vals) == 1  # one seed and one pid per worker in an epoch
+    if seeding == "worker":
+        for wid, vals in by_worker.items():
+            assert len(vals) == 1  # one seed and one pid per worker
+        if len(by_worker) == 2:
+            assert by_worker[0] != by_worker[1]
+    else:
+        assert len({g[2] for g in got}) == len(got)  # a seed of its own for every batch
     assert {pid for g in got for pid in [g[5]]} <= set(pids)
-    if len(by_worker) == 2:
-        assert by_worker[0] != by_worker[1]
 
 
 class InitRecorder:

@@ -166,3 +166,204 @@ def test_memory_that_cannot_be_had_fails_at_construction_with_a_remedy():
 def test_more_than_the_machine_has_is_refused_before_touching_memory():
     with pytest.raises(SharedMemoryError, match=r"cannot reserve \d+ bytes .* Remedy"):
         SharedBatchRingBuffer(4, 1 << 50)
+
+
+# --------------------------------------------------------------------------
+# Memory limits of the process's own cgroup and every level above it (issue 10).
+# The parsing runs on real files: trees built like /sys/fs/cgroup and /proc.
+
+MIB = 1 << 20
+V1_UNLIMITED = "9223372036854771712"  # what cgroup v1 writes for "no limit"
+
+
+def _tree(root, files):
+    """Write ``{relative path: text}`` under root."""
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def _limit(tmp_path, cgroup_lines, files, mem_available_kib=64 * 1024 * 1024):
+    from netcl_loader.shared_batch import memory_limit
+    _tree(tmp_path, {"proc/self/cgroup": cgroup_lines,
+                     "proc/meminfo": f"MemTotal: 99999999 kB\nMemAvailable: {mem_available_kib} kB\n",
+                     **{"sys/fs/cgroup/" + k: v for k, v in files.items()}})
+    return memory_limit(str(tmp_path / "proc/self/cgroup"), str(tmp_path / "sys/fs/cgroup"),
+                        str(tmp_path / "proc/meminfo"))
+
+
+def test_memory_limit_v2_takes_the_tightest_level_of_a_nested_cgroup(tmp_path):
+    room = _limit(tmp_path, "0::/outer/inner/leaf\n", {
+        "cgroup.controllers": "cpu memory",          # the v2 root: no memory.max of its own
+        "outer/memory.max": "max", "outer/memory.current": str(900 * MIB),
+        "outer/inner/memory.max": str(1024 * MIB), "outer/inner/memory.current": str(900 * MIB),
+        "outer/inner/memory.stat": f"anon {800 * MIB}\nfile {100 * MIB}\n"
+                                   f"inactive_file {24 * MIB}\nactive_file {76 * MIB}\n",
+        "outer/inner/leaf/memory.max": str(2048 * MIB),
+        "outer/inner/leaf/memory.current": str(10 * MIB),
+    })
+    inner = str(tmp_path / "sys/fs/cgroup/outer/inner")
+    # 1024 - (900 - 24 reclaimable) MiB: the middle level binds, not the leaf's own.
+    assert room == (148 * MIB, 1024 * MIB, inner, 64 * 1024 * MIB)
+
+
+def test_memory_limit_v1_memory_controller_in_a_hybrid_system(tmp_path):
+    room = _limit(tmp_path, "12:cpu,cpuacct:/\n4:memory:/jobs/job7\n1:name=systemd:/x\n0::/\n", {
+        "unified/cgroup.controllers": "",            # hybrid: v2 mounted, memory not on it
+        "memory/memory.limit_in_bytes": V1_UNLIMITED,
+        "memory/memory.usage_in_bytes": str(5000 * MIB),
+        "memory/jobs/memory.limit_in_bytes": str(4096 * MIB),
+        "memory/jobs/memory.usage_in_bytes": str(1024 * MIB),
+        "memory/jobs/job7/memory.limit_in_bytes": str(256 * MIB),
+        "memory/jobs/job7/memory.usage_in_bytes": str(56 * MIB),
+        "memory/jobs/job7/memory.stat": f"inactive_file {1 * MIB}\ntotal_inactive_file {6 * MIB}\n",
+    })
+    assert room == (206 * MIB, 256 * MIB, str(tmp_path / "sys/fs/cgroup/memory/jobs/job7"),
+                    64 * 1024 * MIB)
+
+
+def test_memory_limit_a_parent_with_less_room_than_the_child_binds(tmp_path):
+    room = _limit(tmp_path, "4:memory:/jobs/job7\n", {
+        "memory/jobs/memory.limit_in_bytes": str(1024 * MIB),
+        "memory/jobs/memory.usage_in_bytes": str(1000 * MIB),
+        "memory/jobs/job7/memory.limit_in_bytes": str(512 * MIB),
+        "memory/jobs/job7/memory.usage_in_bytes": str(100 * MIB),
+    })
+    assert room == (24 * MIB, 1024 * MIB, str(tmp_path / "sys/fs/cgroup/memory/jobs"),
+                    64 * 1024 * MIB)
+
+
+def test_memory_limit_own_cgroup_mounted_as_the_root(tmp_path):
+    # A container without a cgroup namespace: /proc/self/cgroup names the
+    # host's path, the mount shows that cgroup as its root.
+    room = _limit(tmp_path, "0::/system.slice/docker-abc.scope\n", {
+        "cgroup.controllers": "memory",
+        "memory.max": str(300 * MIB), "memory.current": str(100 * MIB),
+    })
+    assert room == (200 * MIB, 300 * MIB, str(tmp_path / "sys/fs/cgroup"), 64 * 1024 * MIB)
+
+
+def test_memory_limit_mem_available_tighter_than_the_cgroup(tmp_path):
+    room = _limit(tmp_path, "0::/a\n", {
+        "cgroup.controllers": "memory",
+        "a/memory.max": str(4096 * MIB), "a/memory.current": str(96 * MIB),
+    }, mem_available_kib=1024 * 1024)
+    assert room == (1024 * MIB, 4096 * MIB, str(tmp_path / "sys/fs/cgroup/a"), 1024 * MIB)
+
+
+@pytest.mark.parametrize("cgroup_lines, files", [
+    ("0::/a\n", {"cgroup.controllers": "", "a/memory.max": "max", "a/memory.current": "5"}),
+    ("4:memory:/\n", {"memory/memory.limit_in_bytes": V1_UNLIMITED,
+                      "memory/memory.usage_in_bytes": "5"}),
+    ("garbage\n\n", {}),
+    ("0::/a\n", {}),                                   # no cgroup filesystem at all
+])
+def test_memory_limit_without_any_limit_is_mem_available(tmp_path, cgroup_lines, files):
+    assert _limit(tmp_path, cgroup_lines, files) == (64 * 1024 * MIB, None, None, 64 * 1024 * MIB)
+
+
+def test_memory_limit_without_proc_self_cgroup(tmp_path):
+    from netcl_loader.shared_batch import memory_limit
+    _tree(tmp_path, {"meminfo": "MemAvailable: 1024 kB\n"})
+    assert memory_limit(str(tmp_path / "absent"), str(tmp_path / "absent"),
+                        str(tmp_path / "meminfo")) == (1 << 20, None, None, 1 << 20)
+
+
+def test_check_reservable_names_bytes_limit_cgroup_and_remedy(tmp_path):
+    from netcl_loader.shared_batch import check_reservable
+    room = _limit(tmp_path, "0::/job\n", {
+        "cgroup.controllers": "memory",
+        "job/memory.max": str(64 * MIB), "job/memory.current": str(60 * MIB),
+    })
+    check_reservable(4 * MIB, "a ring slot", room=room)  # fits exactly: no error
+    with pytest.raises(SharedMemoryError) as info:
+        check_reservable(4 * MIB + 1, "slot 3 of a batch ring", room=room)
+    msg = str(info.value)
+    job = str(tmp_path / "sys/fs/cgroup/job")
+    assert f"cannot reserve {4 * MIB + 1} bytes of shared memory for slot 3 of a batch ring" in msg
+    assert f"only {4 * MIB} bytes are available" in msg
+    assert f"the memory limit of cgroup {job} is {64 * MIB} bytes" in msg
+    assert "Remedy: lower batch_size or prefetch" in msg and f"raise that limit" in msg
+
+
+def test_memory_limit_of_this_machine_is_an_int_within_mem_available():
+    from netcl_loader.shared_batch import available_memory_bytes, memory_limit
+    if not sys.platform.startswith("linux"):
+        pytest.skip("cgroups and /proc/meminfo are Linux's")
+    with open("/proc/meminfo") as f:
+        mem_available = next(int(line.split()[1]) * 1024 for line in f
+                             if line.startswith("MemAvailable:"))
+    avail = available_memory_bytes()
+    assert isinstance(avail, int) and 0 <= avail
+    # MemAvailable moves a little between the two reads.
+    assert avail <= mem_available + (256 << 20)
+    room = memory_limit()
+    assert room.available <= room.mem_available
+    assert (room.limit is None) == (room.cgroup is None)
+    if room.limit is not None:
+        assert os.path.isdir(room.cgroup) and room.available <= room.limit
+
+
+def _child_memory_cgroup(limit_bytes):
+    """A new memory cgroup below this process's own, limited to limit_bytes.
+
+    Returns (directory, procs file), or skips saying what is not possible here.
+    """
+    import uuid
+    from netcl_loader.shared_batch import _own_cgroups
+    if not sys.platform.startswith("linux"):
+        pytest.skip("cgroups are Linux's")
+    v2, v1 = _own_cgroups("/proc/self/cgroup")
+    name = f"netcl-loader-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    if v1 is not None and os.path.isdir("/sys/fs/cgroup/memory"):
+        parent, limit_file = os.path.join("/sys/fs/cgroup/memory", v1.lstrip("/")), \
+            "memory.limit_in_bytes"
+    elif v2 is not None and os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
+        parent, limit_file = os.path.join("/sys/fs/cgroup", v2.lstrip("/")), "memory.max"
+    else:
+        pytest.skip("no cgroup v1 memory controller or cgroup v2 hierarchy is mounted")
+    child = os.path.join(parent, name)
+    try:
+        os.mkdir(child)
+    except OSError as e:
+        pytest.skip(f"cgroups are not writable here (mkdir {parent}/...: {e.strerror})")
+    try:
+        if not os.path.exists(os.path.join(child, limit_file)):
+            # v2: memory must be enabled in the parent's subtree_control,
+            # which a parent holding processes refuses.
+            raise OSError(f"{limit_file} absent: memory controller not delegated to the child")
+        with open(os.path.join(child, limit_file), "w") as f:
+            f.write(str(limit_bytes))
+    except OSError as e:
+        os.rmdir(child)
+        pytest.skip(f"cannot set a memory limit on a child cgroup here: {e}")
+    return child, os.path.join(child, "cgroup.procs")
+
+
+def test_ring_in_a_small_memory_cgroup_is_refused_naming_the_limit():
+    limit = 32 * MIB
+    child, procs = _child_memory_cgroup(limit)
+    code = textwrap.dedent(f"""
+        import os, sys
+        from netcl_loader.shared_batch import SharedBatchRingBuffer, SharedMemoryError
+        with open({procs!r}, "w") as f:   # from here on, memory is charged to the child
+            f.write(str(os.getpid()))
+        small = SharedBatchRingBuffer(1, 4 << 20)   # fits under the limit
+        small.put(b"x" * 10)
+        small.close()
+        try:
+            SharedBatchRingBuffer(2, 32 << 20)
+        except SharedMemoryError as e:
+            print("ERR", e)
+    """)
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=60)
+    finally:
+        os.rmdir(child)
+    # Without the check the pages are touched and the kernel kills the child.
+    assert out.returncode == 0, (out.returncode, out.stderr)
+    assert out.stdout.startswith("ERR cannot reserve 67108864 bytes of shared memory"), out.stdout
+    assert f"the memory limit of cgroup {child} is {limit} bytes" in out.stdout
+    assert "Remedy:" in out.stdout

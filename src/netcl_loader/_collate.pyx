@@ -11,20 +11,205 @@ from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_RECORDS_
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.string cimport strcmp, memset, memcpy
 
+import sys
+import warnings
+
 import numpy as np
 
 cdef extern from "netcl_collate.h" nogil:
     void netcl_gather(char *dst, const char *const *srcs, size_t item_bytes, size_t n)
 
 cdef enum Kind:
-    K_TUPLE, K_NAMEDTUPLE, K_LIST, K_DICT, K_ARRAY, K_NPSCALAR, K_BOOL, K_INT, K_FLOAT, K_OTHER
+    K_TUPLE, K_NAMEDTUPLE, K_LIST, K_DICT, K_ARRAY, K_NPSCALAR, K_BOOL, K_INT, K_FLOAT, K_OTHER, K_TENSOR
 
 _KIND_NAMES = {K_TUPLE: "tuple", K_NAMEDTUPLE: "namedtuple", K_LIST: "list", K_DICT: "dict",
                K_ARRAY: "ndarray", K_NPSCALAR: "NumPy scalar", K_BOOL: "bool",
-               K_INT: "int", K_FLOAT: "float", K_OTHER: "object"}
+               K_INT: "int", K_FLOAT: "float", K_OTHER: "object", K_TENSOR: "torch.Tensor"}
 
 cdef object _ndarray = np.ndarray
 cdef object _generic = np.generic
+
+#: Python ints collate to int64 (SPEC section 3), whatever the platform's C long.
+cdef object _INT64_MIN = -(1 << 63)
+cdef object _INT64_MAX = (1 << 63) - 1
+
+
+def _probe_max_dims():
+    # NPY_MAXDIMS is not exported to Python: 64 since NumPy 2, 32 before.
+    for n in (64, 32):
+        try:
+            np.empty((1,) * n, np.uint8)
+            return n
+        except ValueError:
+            pass
+    return 32
+
+
+#: Most dimensions a NumPy array may have; a batch adds one to its samples'.
+MAX_DIMS = _probe_max_dims()
+
+
+# --------------------------------------------------------------------------
+# torch, only once someone else has imported it
+#
+# netcl_loader never imports torch (it is heavy, and a worker that imports it
+# pays for its thread pools); a tensor can only reach collate once its
+# module is loaded, so looking it up in sys.modules is enough.  The lookup
+# runs only for leaves that are none of the common types, and stops once the
+# module has been found.
+
+cdef object _modules = sys.modules
+cdef object _torch = None
+cdef object _Tensor = None
+cdef dict _tensor_dtypes = {}      # torch dtype -> (NumPy dtype, torch view dtype or None)
+cdef dict _torch_dtype_names = {}  # name -> torch dtype
+cdef dict _array_tensor_dtypes = {}  # NumPy dtype -> whether torch.from_numpy takes it
+
+
+cdef bint _see_torch() except -1:
+    global _torch, _Tensor
+    if _Tensor is not None:
+        return True
+    mod = _modules.get("torch")
+    if mod is None:
+        return False
+    tensor = getattr(mod, "Tensor", None)
+    if tensor is None or getattr(mod, "from_numpy", None) is None:
+        return False  # still being imported
+    _torch = mod
+    _Tensor = tensor
+    return True
+
+
+cdef object _need_torch():
+    if not _see_torch():
+        raise RuntimeError("torch is not loaded: import torch first")
+    return _torch
+
+
+def torch_module():
+    """The torch module if some code has imported it, else None; never imports it."""
+    return _torch if _see_torch() else None
+
+
+def is_tensor(x):
+    """True for a torch.Tensor (without importing torch)."""
+    return _see_torch() and isinstance(x, _Tensor)
+
+
+def tensor_dtype_info(tdtype):
+    """``(numpy_dtype, view_dtype)`` for a torch dtype.
+
+    ``numpy_dtype`` is the NumPy dtype the tensor's memory is read as; where
+    NumPy has no such type (bfloat16, complex32, the float8 types, ...) it is
+    the integer type of the same size and ``view_dtype`` is that integer
+    type's torch dtype (a tensor is viewed as it before ``.numpy()``, and the
+    result viewed back); otherwise ``view_dtype`` is None.
+
+    Raises
+    ------
+    ValueError
+        For a dtype whose tensors have no plain memory (quantized types).
+    """
+    info = _tensor_dtypes.get(tdtype)
+    if info is not None:
+        return info
+    torch = _need_torch()
+    try:
+        probe = torch.empty(0, dtype=tdtype)
+    except Exception as exc:
+        raise ValueError(f"tensors of dtype {tdtype} cannot be collated: {exc}") from None
+    try:
+        info = (probe.numpy().dtype, None)
+    except TypeError:  # "Got unsupported ScalarType": no NumPy twin
+        view = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(
+            probe.element_size())
+        if view is None:
+            raise ValueError(f"tensors of dtype {tdtype} cannot be collated: NumPy has no "
+                             f"type of its size ({probe.element_size()} bytes)") from None
+        info = (probe.view(view).numpy().dtype, view)
+    _tensor_dtypes[tdtype] = info
+    return info
+
+
+def torch_dtype(name):
+    """The torch dtype called ``name`` ('bfloat16'); torch must be loaded."""
+    d = _torch_dtype_names.get(name)
+    if d is None:
+        torch = _need_torch()
+        d = getattr(torch, name, None)
+        if not isinstance(d, torch.dtype):
+            raise ValueError(f"{name!r} is not a torch dtype")
+        _torch_dtype_names[name] = d
+    return d
+
+
+def torch_dtype_name(tdtype):
+    """'bfloat16' for torch.bfloat16: how layout records name a tensor's dtype."""
+    return str(tdtype).rpartition(".")[2]
+
+
+def tensor_as_array(t):
+    """A NumPy array on a CPU tensor's memory (its bits, see :func:`tensor_dtype_info`).
+
+    A tensor that requires grad is detached, one with a conjugate or negative
+    bit resolved first (a copy).
+
+    Raises
+    ------
+    ValueError
+        For a tensor that is not a strided CPU tensor (CUDA, meta, sparse).
+    """
+    view = tensor_dtype_info(t.dtype)[1]
+    try:
+        return (t if view is None else t.view(view)).numpy()
+    except (RuntimeError, TypeError):
+        pass
+    if not t.is_cpu or t.layout is not _torch.strided:
+        raise ValueError(f"only strided CPU tensors can be collated, got one on {t.device} "
+                         f"with layout {t.layout}: move it to the CPU (.cpu(), .to_dense()) "
+                         f"in the dataset, or stack it in a collate_fn")
+    t = t.detach().resolve_conj().resolve_neg()
+    return (t if view is None else t.view(view)).numpy()
+
+
+def array_as_tensor(a, tdtype=None):
+    """``torch.from_numpy(a)`` (no copy), viewed as ``tdtype`` when given.
+
+    A read-only array (a view into a ring slot) gives a tensor without
+    torch's warning: torch has no read-only tensors, and the caller was told
+    not to write to such a batch.
+    """
+    _need_torch()
+    if a.flags.writeable:
+        t = _torch.from_numpy(a)
+    else:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "The given NumPy array is not writable",
+                                    UserWarning)
+            t = _torch.from_numpy(a)
+    if tdtype is not None and t.dtype is not tdtype:
+        t = t.view(tdtype)
+    return t
+
+
+def torch_holds(dtype):
+    """True when ``torch.from_numpy`` takes arrays of the NumPy ``dtype``.
+
+    Object, datetime, string, structured and non-native byte order dtypes it
+    does not (nor, in older torch versions, unsigned types wider than 8 bits).
+    """
+    ok = _array_tensor_dtypes.get(dtype)
+    if ok is None:
+        _need_torch()
+        ok = dtype.kind in "biufc" and dtype.isnative and dtype.fields is None
+        if ok:
+            try:
+                _torch.from_numpy(np.empty(0, dtype))
+            except (TypeError, ValueError, RuntimeError):
+                ok = False
+        _array_tensor_dtypes[dtype] = ok
+    return ok
 
 
 cdef class _Node:
@@ -52,6 +237,8 @@ cdef inline int _kind_of(object v):
         return K_INT
     if t is float:
         return K_FLOAT
+    if _see_torch() and (t is _Tensor or isinstance(v, _Tensor)):
+        return K_TENSOR
     if isinstance(v, (str, bytes)):
         return K_OTHER
     if isinstance(v, _generic):
@@ -96,16 +283,62 @@ cdef str _show_path(str path):
     return path if path else "<sample>"
 
 
+cdef str _show_indices(list indices):
+    shown = indices if len(indices) <= 16 else indices[:16] + ["..."]
+    return ", ".join(map(repr, shown)) if len(shown) != 1 else repr(shown[0])
+
+
+cdef object _named(object exc):
+    # Marks an error whose message already names the field and the indices,
+    # so that collate() does not wrap it again.
+    exc._netcl_collate_named = True
+    return exc
+
+
 cdef _mismatch(list indices, int i, str path, str what, object a, object b):
-    raise ValueError(
+    raise _named(ValueError(
         f"cannot collate: samples differ at field {_show_path(path)}: dataset index "
-        f"{indices[0]!r} has {what} {a}, dataset index {indices[i]!r} has {what} {b}")
+        f"{indices[0]!r} has {what} {a}, dataset index {indices[i]!r} has {what} {b}"))
+
+
+cdef object _field_error(object exc, list indices, str path):
+    """``exc`` (raised by NumPy, torch or alloc while stacking one field) as an
+    error of the same type that names the field and the batch's indices."""
+    msg = (f"cannot collate field {_show_path(path)} of the samples at dataset indices "
+           f"{_show_indices(indices)}: {exc}")
+    try:
+        new = type(exc)(msg)
+    except Exception:
+        new = ValueError(msg)
+    if not isinstance(new, BaseException) or str(new) != msg:
+        new = ValueError(msg)
+    return _named(new)
+
+
+cdef dict _plain_bytes = {}  # dtype -> whether its values are plain bytes a memcpy may move
+
+
+cdef bint _is_plain(object dtype) except -1:
+    """False for dtypes NumPy must copy itself: object references (also inside
+    records, StringDType) cannot be memcpy'd, and datetimes (also as record
+    fields) export no buffer."""
+    r = _plain_bytes.get(dtype)
+    if r is None:
+        r = not dtype.hasobject
+        if r:
+            try:
+                memoryview(np.empty(0, dtype))
+            except (ValueError, TypeError, BufferError):
+                r = False
+        _plain_bytes[dtype] = r
+    return r
 
 
 cdef void _walk(_Node n, object v, list leaves, list indices, int i) except *:
     cdef int k = _kind_of(v)
     cdef Py_ssize_t j
-    if k != n.kind or (k != K_ARRAY and k != K_NPSCALAR and k != K_OTHER and type(v) is not n.type):
+    if k != n.kind or (k != K_ARRAY and k != K_TENSOR and k != K_NPSCALAR and k != K_OTHER
+                       and type(v) is not n.type):
         _mismatch(indices, i, n.path, "type",
                   _KIND_NAMES[n.kind] if n.kind != K_NAMEDTUPLE else n.type.__name__,
                   _KIND_NAMES[k] if k != K_NAMEDTUPLE else type(v).__name__)
@@ -152,9 +385,13 @@ cdef object _stack_arrays(list vals, list indices, str path, object alloc):
     dtype = first.dtype
     shape = first.shape
     try:
-        if dtype.hasobject or dtype.kind in "mM":
-            # Object references cannot be memcpy'd, and datetimes do not export
-            # a buffer: NumPy copies these.
+        if len(shape) >= MAX_DIMS:
+            raise _named(ValueError(
+                f"cannot collate field {_show_path(path)}: the samples at dataset indices "
+                f"{_show_indices(indices)} have {len(shape)} dimensions, and stacking adds "
+                f"one; NumPy allows at most {MAX_DIMS}"))
+        if not _is_plain(dtype):
+            # NumPy copies these (see _is_plain).
             for i in range(1, B):
                 v = vals[i]
                 if v.dtype != dtype:
@@ -226,12 +463,17 @@ cdef object _stack_arrays(list vals, list indices, str path, object alloc):
 
 cdef object _stack_scalars(int kind, list vals, list indices, str path, object alloc):
     cdef Py_ssize_t B = len(vals), i
+    cdef bint param
     if kind == K_NPSCALAR:
         t = type(vals[0])
-        for i in range(1, B):
-            if type(vals[i]) is not t:
-                _mismatch(indices, i, path, "dtype", vals[0].dtype, vals[i].dtype)
         dtype = vals[0].dtype
+        # One scalar type, many dtypes: datetime64/timedelta64 units, void
+        # records.  As for arrays, a different dtype is an error, not a cast
+        # to the first sample's (which would truncate a finer unit).
+        param = dtype.kind in "mMV"
+        for i in range(1, B):
+            if type(vals[i]) is not t or (param and vals[i].dtype != dtype):
+                _mismatch(indices, i, path, "dtype", dtype, vals[i].dtype)
     elif kind == K_BOOL:
         dtype = np.dtype(np.bool_)
     elif kind == K_INT:
@@ -239,8 +481,39 @@ cdef object _stack_scalars(int kind, list vals, list indices, str path, object a
     else:
         dtype = np.dtype(np.float64)
     out = alloc((B,), dtype)
-    out[...] = vals
+    try:
+        out[...] = vals
+    except OverflowError:
+        if kind != K_INT:
+            raise
+        for i in range(B):
+            if not _INT64_MIN <= vals[i] <= _INT64_MAX:
+                raise _named(ValueError(
+                    f"cannot collate field {_show_path(path)}: dataset index {indices[i]!r} "
+                    f"has the int {vals[i]}, outside int64, the type Python ints are "
+                    f"collated to (as torch's default_collate); give a NumPy scalar of a "
+                    f"wider type, or a collate_fn")) from None
+        raise
     return out
+
+
+cdef object _stack_tensors(list vals, list indices, str path, object alloc):
+    """Stack CPU tensors as arrays on their memory, into alloc's buffer; the
+    batch is a tensor of the same dtype on that buffer."""
+    cdef Py_ssize_t B = len(vals), i
+    first = vals[0]
+    tdtype = first.dtype
+    shape = first.shape
+    for i in range(1, B):
+        v = vals[i]
+        if v.dtype is not tdtype:
+            _mismatch(indices, i, path, "dtype", tdtype, v.dtype)
+        if v.shape != shape:
+            _mismatch(indices, i, path, "shape", tuple(shape), tuple(v.shape))
+    view = tensor_dtype_info(tdtype)[1]
+    out = _stack_arrays([tensor_as_array(v) for v in vals], indices, path, alloc)
+    t = _torch.from_numpy(out)
+    return t if view is None else t.view(tdtype)
 
 
 def _empty_alloc(shape, dtype):
@@ -265,13 +538,21 @@ def collate(list samples, indices=None, alloc=None):
     -------
     The batch: tuples, lists and dicts keep their structure, array leaves are
     stacked along a new axis 0, Python numbers become int64/float64/bool
-    arrays, NumPy scalars arrays of their dtype, other leaves lists.
+    arrays, NumPy scalars arrays of their dtype, other leaves lists (NumPy
+    strings too, as in torch's ``default_collate``).  CPU torch tensor
+    leaves (recognised only once torch has been imported) are stacked the
+    same way into alloc's buffer, and give a tensor of their dtype on it
+    (``torch.from_numpy``; bfloat16 and the other dtypes NumPy lacks are
+    stacked as integers of their size and viewed back).
 
     Raises
     ------
     ValueError
-        When samples differ in structure, keys, shape or dtype; the message
-        names both dataset indices, the field path and both values.
+        When samples differ in structure, keys, shape or dtype (datetime
+        units included); the message names both dataset indices, the field
+        path and both values.  Any other failure to stack a field (a Python
+        int outside int64, too many dimensions, a CUDA tensor, ...) also
+        names the field and the dataset indices.
     """
     cdef Py_ssize_t B = len(samples), i
     if B == 0:
@@ -291,12 +572,19 @@ def collate(list samples, indices=None, alloc=None):
     for j, node in enumerate(leaf_nodes):
         vals = leaves[j]
         k = (<_Node>node).kind
-        if k == K_ARRAY:
-            outs.append(_stack_arrays(vals, idx, (<_Node>node).path, alloc))
-        elif k == K_OTHER:
-            outs.append(vals)
-        else:
-            outs.append(_stack_scalars(k, vals, idx, (<_Node>node).path, alloc))
+        try:
+            if k == K_ARRAY:
+                outs.append(_stack_arrays(vals, idx, (<_Node>node).path, alloc))
+            elif k == K_OTHER:
+                outs.append(vals)
+            elif k == K_TENSOR:
+                outs.append(_stack_tensors(vals, idx, (<_Node>node).path, alloc))
+            else:
+                outs.append(_stack_scalars(k, vals, idx, (<_Node>node).path, alloc))
+        except (ValueError, TypeError, OverflowError, RuntimeError) as exc:
+            if getattr(exc, "_netcl_collate_named", False):
+                raise
+            raise _field_error(exc, idx, (<_Node>node).path) from exc
     return _assemble(root, outs)
 
 

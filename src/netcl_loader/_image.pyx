@@ -32,6 +32,16 @@ cdef enum:
     STACK_LUT_CHANNELS = 4
 
 
+cdef inline bint _window_outside(int64_t start, Py_ssize_t size, Py_ssize_t limit) noexcept:
+    """Whether ``[start, start + size)`` leaves ``[0, limit)``; size and limit are >= 0.
+
+    Written so that nothing can overflow: ``start + size > limit`` wraps for a
+    start near 2**63 and would pass, letting the C code read far outside the
+    image. ``limit - size`` is only formed once ``size <= limit``.
+    """
+    return size > limit or start < 0 or start > limit - size
+
+
 cdef int _check_std(const float[::1] std) except -1:
     cdef Py_ssize_t c
     for c in range(std.shape[0]):
@@ -71,9 +81,11 @@ def crop_flip_normalize_u8(const uint8_t[:, :, :, :] images,
                          f"{mean.shape[0]}, {std.shape[0]}")
     _check_std(std)
     for i in range(n):
-        if top[i] < 0 or left[i] < 0 or top[i] + out_h > height or left[i] + out_w > width:
-            raise ValueError(f"crop window {out_h}x{out_w} at ({top[i]}, {left[i]}) of "
-                             f"image {i} is outside its {height}x{width} pixels")
+        if _window_outside(top[i], out_h, height) or _window_outside(left[i], out_w, width):
+            raise ValueError(f"crop window {out_h}x{out_w} at top={top[i]}, left={left[i]} "
+                             f"of image {i} is outside its {height}x{width} pixels: needs "
+                             f"{out_h}x{out_w} <= {height}x{width}, 0 <= top <= "
+                             f"{height - out_h} and 0 <= left <= {width - out_w}")
     if n == 0 or channels == 0 or out_h == 0 or out_w == 0:
         return
     if channels > STACK_LUT_CHANNELS:
@@ -110,9 +122,11 @@ def crop_flip_normalize_one(const uint8_t[:, :, :] image, Py_ssize_t top, Py_ssi
         raise ValueError(f"mean and std need {channels} entries, got "
                          f"{mean.shape[0]}, {std.shape[0]}")
     _check_std(std)
-    if top < 0 or left < 0 or top + out_h > height or left + out_w > width:
-        raise ValueError(f"crop window {out_h}x{out_w} at ({top}, {left}) is outside the "
-                         f"image's {height}x{width} pixels")
+    if _window_outside(top, out_h, height) or _window_outside(left, out_w, width):
+        raise ValueError(f"crop window {out_h}x{out_w} at top={top}, left={left} is outside "
+                         f"the image's {height}x{width} pixels: needs {out_h}x{out_w} <= "
+                         f"{height}x{width}, 0 <= top <= {height - out_h} and 0 <= left <= "
+                         f"{width - out_w}")
     if channels == 0 or out_h == 0 or out_w == 0:
         return
     if channels > STACK_LUT_CHANNELS:

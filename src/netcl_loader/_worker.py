@@ -4,9 +4,11 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import select
 import signal
 import struct
 import sys
+import threading
 import traceback
 from typing import Any, NamedTuple
 
@@ -18,8 +20,14 @@ from .shared_batch import SlotWriter
 
 __all__ = ["WorkerInfo", "get_worker_info", "build_batch", "worker_seed"]
 
-#: Milliseconds between checks, while idle, that the parent process still lives.
-PARENT_CHECK_MS = 500
+#: Milliseconds an idle worker sleeps on its queue before it looks again
+#: (the watchdog thread, not this wait, notices a dead main process).
+IDLE_WAIT_MS = 500
+#: Seconds between the watchdog's checks of the parent's pid (the lifeline
+#: pipe wakes it at once; this catches a lifeline held open elsewhere).
+PARENT_CHECK_SECONDS = 0.25
+#: prctl option: a signal for this process when its parent thread dies (Linux).
+_PR_SET_PDEATHSIG = 1
 
 # Entries of a worker's task queue: a kind in the top byte, a slot below.
 ENTRY_KIND_MASK = 0xFF000000
@@ -38,34 +46,68 @@ FLAG_PICKLED_INDICES = 1  # indices are not all ints: the payload is a pickle
 
 
 class WorkerInfo(NamedTuple):
-    """What a worker process knows about itself (``get_worker_info()``)."""
+    """What a worker process knows about itself (``get_worker_info()``).
+
+    ``seed`` is the seed the worker's RNGs (``random``, NumPy's global RNG
+    and, where imported, torch) were last seeded from: the current batch's
+    with ``worker_seeding="batch"``, the worker's own with ``"worker"``.
+    ``rank`` and ``world_size`` let an iterable-style dataset shard its
+    stream across ranks as well as workers.
+    """
 
     id: int
     num_workers: int
     seed: int
     dataset: Any
+    rank: int = 0
+    world_size: int = 1
 
 
 _worker_info: WorkerInfo | None = None
 
 
 def get_worker_info():
-    """The :class:`WorkerInfo` of the calling worker process, ``None`` in the main process.
-
-    ``seed`` is the seed of the current epoch, derived from the loader's seed,
-    the epoch and the worker id.
-    """
+    """The :class:`WorkerInfo` of the calling worker process, ``None`` in the main process."""
     return _worker_info
 
 
-def worker_seed(base_seed, epoch, worker_id, rank=None):
-    """The 64-bit seed of one worker for one epoch."""
-    key = [base_seed, epoch, worker_id] if rank is None else [base_seed, epoch, worker_id, rank]
-    return int(np.random.SeedSequence(key).generate_state(1, np.uint64)[0])
+#: How workers seed their RNGs (SPEC section 4).
+WORKER_SEEDINGS = ("batch", "worker")
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(x):
+    """SplitMix64's finaliser: a cheap, well-spread 64-bit hash of one word."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK64
+    return x ^ (x >> 31)
+
+
+def batch_seed(base_seed, epoch, batch_index, rank=None):
+    """The 63-bit seed of batch ``batch_index`` of ``epoch`` (``worker_seeding="batch"``).
+
+    Pure integer arithmetic, cheap enough to run before every batch: the seed
+    depends on nothing but its arguments, so a batch's random transforms are
+    the same for every ``num_workers`` and after a resume.
+    """
+    h = _mix64((base_seed & _MASK64) ^ 0x9E3779B97F4A7C15)
+    for word in (epoch, batch_index) if rank is None else (epoch, batch_index, rank + 1):
+        h = _mix64(h ^ ((word & _MASK64) * 0x9E3779B97F4A7C15 & _MASK64))
+    return h >> 1
+
+
+def worker_seed(base_seed, worker_id):
+    """The seed of worker ``worker_id`` (``worker_seeding="worker"``): PyTorch's ``base_seed + id``."""
+    return (base_seed + worker_id) & _MASK64
 
 
 def seed_everything(seed):
-    """Seed NumPy's global RNG, ``random`` and (if imported) torch from one seed."""
+    """Seed ``random``, NumPy's global RNG and (if imported) torch from one seed.
+
+    NumPy's legacy seed takes 32 bits: it gets the seed's low 32 bits, as
+    PyTorch's workers give it a 32-bit word too.
+    """
     random.seed(seed)
     np.random.seed(seed & 0xFFFFFFFF)
     torch = sys.modules.get("torch")
@@ -76,26 +118,227 @@ def seed_everything(seed):
             pass
 
 
-def build_batch(dataset, indices, collate_fn, transforms, alloc):
-    """Fetch the samples at ``indices`` and make them one batch.
+class RngStates:
+    """The caller's RNG states, kept while an in-process batch is seeded and restored after.
 
-    The one path used by every mode: the dataset's batch fast path or its
-    ``__getitems__``/``__getitem__``, then the compiled collate (writing into
-    ``alloc``'s buffers) or the user's ``collate_fn``, then ``transforms``.
+    With ``num_workers=0`` and ``worker_seeding="batch"`` each batch is seeded
+    as a worker would seed it (so results match every ``num_workers``); the
+    training loop's own random streams must not notice.
     """
-    if collate_fn is None and hasattr(dataset, "gather_batch") and isinstance(indices, np.ndarray):
-        batch = dataset.gather_batch(indices, alloc)
-    else:
-        idx = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
-        getitems = getattr(dataset, "__getitems__", None)
-        samples = getitems(idx) if getitems is not None else [dataset[i] for i in idx]
-        if collate_fn is not None:
-            batch = collate_fn(samples)
+
+    __slots__ = ("py", "np", "torch")
+
+    def __init__(self):
+        self.py = random.getstate()
+        self.np = np.random.get_state()
+        torch = sys.modules.get("torch")
+        self.torch = torch.random.get_rng_state() if torch is not None else None
+
+    def restore(self):
+        random.setstate(self.py)
+        np.random.set_state(self.np)
+        torch = sys.modules.get("torch")
+        if torch is not None and self.torch is not None:
+            torch.random.set_rng_state(self.torch)
+
+
+def limit_threads():
+    """One intra-op thread for torch in a worker, as PyTorch's workers do.
+
+    A thread pool the parent ran before fork (OpenMP, torch's intra-op pool)
+    is not copied into the child; using it there deadlocks.  N workers
+    already run in parallel.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            torch.set_num_threads(1)
+        except Exception:
+            pass
+
+
+class Lifeline(NamedTuple):
+    """How a worker learns that the main process is gone (SPEC section 5: exit within 5 s).
+
+    Three mechanisms, because each misses a case the others catch: the read
+    end of a pipe whose only write end the main process holds (EOF the moment
+    it dies, in every state the worker can be in, watched by a thread);
+    ``PR_SET_PDEATHSIG`` (Linux: SIGKILL when the parent thread dies); and
+    the parent's pid, compared with the one seen at start (a lifeline held
+    open by some other process the main one forked).
+    """
+
+    conn: Any                   # read end of the pipe; the main process never writes
+    parent_pid: int | None      # the expected parent (fork, spawn); None: forkserver's child
+    drop_fds: tuple             # fork: main-only descriptors inherited here, to close
+    death_signal: bool          # the pool was started by the main thread: PDEATHSIG is safe
+
+
+def _orphaned(lifeline):
+    """Close what a forked worker must not hold, arm the parent-death signal, and
+    say whether the main process is already gone."""
+    if lifeline.drop_fds:
+        # Closing by number could later close a reused descriptor when the
+        # inherited Connection objects are collected: /dev/null takes the
+        # number instead, so the main process's pipe and socket ends are shut.
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in lifeline.drop_fds:
+            try:
+                os.dup2(null, fd)
+            except OSError:
+                pass
+        os.close(null)
+    if lifeline.death_signal and sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    # The parent may have died before the signal was armed (the race it leaves).
+    return lifeline.parent_pid is not None and os.getppid() != lifeline.parent_pid
+
+
+def _watch_parent(lifeline, start_ppid):
+    fd = lifeline.conn.fileno()
+    while True:
+        try:
+            readable, _, _ = select.select([fd], [], [], PARENT_CHECK_SECONDS)
+        except (OSError, ValueError):
+            readable = True
+        if readable or os.getppid() != start_ppid:
+            # Nobody will read what this worker makes; leave at once, whatever
+            # the worker's main thread is blocked in (a send, a slow dataset).
+            os._exit(0)
+
+
+def start_watchdog(lifeline):
+    """Exit this worker as soon as the main process dies (returns False if it already has)."""
+    if _orphaned(lifeline):
+        return False
+    threading.Thread(target=_watch_parent, args=(lifeline, os.getppid()),
+                     name="netcl_loader-watchdog", daemon=True).start()
+    return True
+
+
+class StreamEnd(Exception):
+    """A worker's stream of an iterable-style dataset has ended for this epoch."""
+
+
+def _rng_free(dataset):
+    """True when fetching from ``dataset`` runs no user code (nothing could draw random numbers)."""
+    return bool(getattr(dataset, "_netcl_rng_free", False))
+
+
+class BatchMaker:
+    """Makes the batches of one loader: the same code in a worker and in-process.
+
+    The one path used by every mode: map-style batches through the dataset's
+    batch fast path or its ``__getitems__``/``__getitem__``, then the compiled
+    collate (writing into ``alloc``'s buffers) or the user's ``collate_fn``;
+    samples without batching (``batch_size=None``); an iterable-style stream
+    cut into batches; then ``transforms``.  Seeds the RNGs before a batch as
+    ``worker_seeding`` asks.
+    """
+
+    __slots__ = ("dataset", "collate_fn", "transforms", "batched", "batch_size", "drop_last",
+                 "iterable", "seed_batches", "base_seed", "rank", "stream", "stream_token")
+
+    def __init__(self, dataset, collate_fn, transforms, batched, batch_size, drop_last, iterable,
+                 seeding, base_seed, rank):
+        self.dataset = dataset
+        self.collate_fn = collate_fn
+        self.transforms = tuple(transforms)
+        self.batched = batched          # False: batch_size=None, samples as fetched
+        self.batch_size = batch_size    # of a stream's batches (iterable-style)
+        self.drop_last = drop_last
+        self.iterable = iterable
+        # A batch made without any user code draws no random numbers: seeding
+        # it would only cost time (ArrayDataset's gather path).
+        self.seed_batches = seeding == "batch" and not (
+            _rng_free(dataset) and collate_fn is None and not self.transforms
+            and batched and not iterable)
+        self.base_seed = base_seed
+        self.rank = rank
+        self.stream = None
+        self.stream_token = None
+
+    def seed(self, epoch, seq):
+        """Seed the RNGs for batch ``seq`` of ``epoch``; returns the seed, or None when not seeding."""
+        if not self.seed_batches:
+            return None
+        seed = batch_seed(self.base_seed, epoch, seq, self.rank)
+        seed_everything(seed)
+        return seed
+
+    def make(self, indices, alloc):
+        """The batch of ``indices`` (map-style), or the stream's next one (raises StreamEnd)."""
+        if self.iterable:
+            batch = self._next_from_stream(alloc)
+        elif not self.batched:
+            # No auto-batching: the sample as fetched (PyTorch's batch_size=None).
+            index = indices[0]
+            batch = self.dataset[int(index) if isinstance(index, np.integer) else index]
+            if self.collate_fn is not None:
+                batch = self.collate_fn(batch)
+        elif (self.collate_fn is None and isinstance(indices, np.ndarray)
+              and hasattr(self.dataset, "gather_batch")):
+            batch = self.dataset.gather_batch(indices, alloc)
         else:
-            batch = collate(list(samples), idx, alloc)
-    for t in transforms:
-        batch = t(*batch) if isinstance(batch, tuple) else t(batch)
-    return batch
+            idx = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
+            getitems = getattr(self.dataset, "__getitems__", None)
+            samples = getitems(idx) if getitems is not None else [self.dataset[i] for i in idx]
+            if self.collate_fn is not None:
+                batch = self.collate_fn(samples)
+            else:
+                batch = collate(list(samples), idx, alloc)
+        for t in self.transforms:
+            batch = t(*batch) if isinstance(batch, tuple) else t(batch)
+        return batch
+
+    def start_stream(self, token):
+        """A new pass over the iterable dataset for iteration ``token`` (once per epoch)."""
+        if self.stream_token != token:
+            self.stream_token = token
+            self.stream = iter(self.dataset)
+
+    def end_stream(self):
+        self.stream = None
+
+    def _next_from_stream(self, alloc):
+        it = self.stream
+        if it is None:
+            raise StreamEnd()
+        if not self.batched:
+            try:
+                sample = next(it)
+            except StopIteration:
+                self.stream = None
+                raise StreamEnd() from None
+            except BaseException:
+                self.stream = None  # an error ends this worker's stream (SPEC section 11)
+                raise
+            return self.collate_fn(sample) if self.collate_fn is not None else sample
+        samples = []
+        try:
+            for _ in range(self.batch_size):
+                samples.append(next(it))
+        except StopIteration:
+            self.stream = None
+        except BaseException:
+            self.stream = None
+            raise
+        if not samples or (self.drop_last and len(samples) < self.batch_size):
+            self.stream = None
+            raise StreamEnd()
+        if self.collate_fn is not None:
+            return self.collate_fn(samples)
+        return collate(samples, None, alloc)
+
+
+def build_batch(dataset, indices, collate_fn, transforms, alloc):
+    """Fetch the samples at ``indices`` and make them one batch (map-style, batched)."""
+    return BatchMaker(dataset, collate_fn, transforms, True, len(indices), False, False,
+                      "worker", 0, None).make(indices, alloc)
 
 
 class _KeyErrorMessage(str):
@@ -135,38 +378,69 @@ def rebuild_error(record):
     return RuntimeError(msg)
 
 
-def worker_loop(worker_id, num_workers, conn, ring, dataset, collate_fn, transforms,
-                worker_init_fn, base_seed, rank, use_shared_mem, parent_pid):
+class WorkerConfig(NamedTuple):
+    """Everything a worker needs to make batches, fixed for the life of the pool."""
+
+    worker_id: int
+    num_workers: int
+    dataset: Any
+    collate_fn: Any
+    transforms: tuple
+    worker_init_fn: Any
+    base_seed: int
+    seeding: str                # "batch" or "worker"
+    rank: int
+    world_size: int
+    distributed: bool           # seeds of batches include the rank
+    use_shared_mem: bool
+    batched: bool               # False: batch_size=None, no auto-batching
+    batch_size: int | None      # of an iterable-style stream's batches
+    drop_last: bool             # iterable-style: drop each stream's last, smaller batch
+    iterable: bool
+
+
+def worker_loop(config, conn, ring, lifeline):
     """The body of one persistent worker process.
 
     Waits for tasks on its queue in the ring header (a futex wait; a busy
     worker finds the next task without a system call), and for each one
     builds the batch, writes it into the slot named by the task (or sends it
     through ``conn`` when it does not fit or shared memory is off), and
-    publishes the slot's new state.  Exits on a STOP entry or when the parent
-    process is gone.
+    publishes the slot's new state.  Exits on a STOP entry, and at once when
+    the main process dies (the watchdog of :class:`Lifeline`).
     """
     global _worker_info
     # Ctrl-C goes to the whole process group: the main process handles it and
     # shuts the pool down; a worker that died of it would only add noise.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if not start_watchdog(lifeline):
+        return  # the main process died while this worker was starting
+    limit_threads()
+    worker_id = config.worker_id
     header = ring.header
-    _worker_info = WorkerInfo(worker_id, num_workers, worker_seed(base_seed, 0, worker_id, rank),
-                              dataset)
+    use_shared_mem = config.use_shared_mem
+    maker = BatchMaker(config.dataset, config.collate_fn, config.transforms, config.batched,
+                       config.batch_size,
+                       config.drop_last, config.iterable, config.seeding, config.base_seed,
+                       config.rank if config.distributed else None)
+    # Seeded once at start in both modes (PyTorch's way), before worker_init_fn,
+    # so that seeding done there holds; "batch" seeds again before each batch.
+    seed = worker_seed(config.base_seed, worker_id)
+    seed_everything(seed)
+    _worker_info = WorkerInfo(worker_id, config.num_workers, seed, config.dataset,
+                              config.rank, config.world_size)
     try:
-        if worker_init_fn is not None:
-            worker_init_fn(worker_id)
+        if config.worker_init_fn is not None:
+            config.worker_init_fn(worker_id)
     except BaseException as exc:  # reported with the first task
         init_error = error_record(exc, [], worker_id)
     else:
         init_error = None
+    unmapped = {}  # slot -> SharedMemoryError: its grown region could not be mapped here
 
-    current_token = None
     while True:
-        entry = header.pop(worker_id, PARENT_CHECK_MS)
+        entry = header.pop(worker_id, IDLE_WAIT_MS)
         if entry < 0:
-            if os.getppid() != parent_pid:
-                return  # the main process is gone: nobody will read what we make
             continue
         kind, slot = entry & ENTRY_KIND_MASK, entry & ENTRY_SLOT_MASK
         if kind == ENTRY_STOP:
@@ -174,11 +448,26 @@ def worker_loop(worker_id, num_workers, conn, ring, dataset, collate_fn, transfo
         try:
             if kind == ENTRY_REMAP:
                 from multiprocessing import reduction
-                from ._ring import Segment
+                from ._ring import Segment, SharedMemoryError
                 msg = conn.recv_bytes()
                 nbytes = TASK_HEADER.unpack_from(msg)[3]
                 fd = reduction.recv_handle(conn)
-                ring.attach(slot, Segment.attach(fd, nbytes) if nbytes else None)
+                try:
+                    seg = Segment.attach(fd, nbytes) if nbytes else None
+                except OSError as exc:
+                    # mmap refused (ENOMEM: an address-space limit, vm.max_map_count).
+                    # Returning would look like a clean exit (code 0) to the main
+                    # process; instead the slot is unusable in this worker (no
+                    # region: its batches go by pipe) and its next task reports why.
+                    os.close(fd)
+                    seg = None
+                    unmapped[slot] = SharedMemoryError(
+                        f"worker {worker_id} could not map a grown ring slot of {nbytes} "
+                        f"bytes: {exc}. Remedy: raise the worker's address-space limit "
+                        f"(ulimit -v, RLIMIT_AS, also where worker_init_fn sets it) or "
+                        f"vm.max_map_count, free memory, or ask for less (smaller batch_size "
+                        f"or prefetch); use_shared_mem=False sends batches by pipe instead.")
+                ring.attach(slot, seg)
                 continue
             if kind == ENTRY_PIPED_TASK:  # indices too long or not ints: on the pipe
                 msg = conn.recv_bytes()
@@ -195,19 +484,21 @@ def worker_loop(worker_id, num_workers, conn, ring, dataset, collate_fn, transfo
         if header.token() != token:
             header.publish(slot, CANCELLED)  # the main process moved on
             continue
-        if token != current_token:
-            current_token = token
-            seed = worker_seed(base_seed, epoch, worker_id, rank)
-            seed_everything(seed)
-            _worker_info = _worker_info._replace(seed=seed)
+        needed = 0
         try:
             if init_error is not None:
                 raise_record, init_error = init_error, None
                 raise RuntimeError(f"worker_init_fn failed in DataLoader worker {worker_id}:\n"
                                    f"{raise_record[2]}")
+            if slot in unmapped:
+                raise unmapped.pop(slot)
+            if config.iterable:
+                maker.start_stream(token)
+            seed = maker.seed(epoch, seq)
+            if seed is not None:
+                _worker_info = _worker_info._replace(seed=seed)
             writer = SlotWriter(ring.segment(slot), ring.capacity(slot)) if use_shared_mem else None
-            batch = build_batch(dataset, indices, collate_fn, transforms,
-                                writer.alloc if writer is not None else np.empty)
+            batch = maker.make(indices, writer.alloc if writer is not None else np.empty)
             if writer is not None:
                 done = writer.finish(batch)
                 if done is not None:
@@ -215,11 +506,10 @@ def worker_loop(worker_id, num_workers, conn, ring, dataset, collate_fn, transfo
                     header.publish(slot, READY)
                     continue
                 needed = writer.needed
-            else:
-                needed = 0
             payload = ("batch", token, seq, batch)
+        except StreamEnd:
+            payload = ("end", token, seq, None)
         except Exception as exc:
-            needed = 0
             payload = ("error", token, seq, error_record(exc, indices, worker_id))
         # Publish first, then send: a large payload blocks in send until the
         # main process, woken by the publish, reads it.

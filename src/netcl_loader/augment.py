@@ -461,16 +461,37 @@ def _image_int(value, name: str, batch: bool) -> int:
     return int(arr)
 
 
-def _per_image_int(value, n: int, name: str) -> np.ndarray:
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def _per_image_int(value, n: int, name: str, size: int, limit: int) -> np.ndarray:
+    """Window starts as int64 (N,), each checked to keep ``[start, start + size)`` in ``[0, limit)``."""
     if type(value) is int or np.ndim(value) == 0:
-        return np.full(n, _image_int(value, name, True), dtype=np.int64)
+        start = _image_int(value, name, True)
+        # A Python int: no overflow, and one that int64 cannot hold is outside.
+        if n and _window_outside(start, size, limit):
+            raise _window_error(name, start, size, limit, 0)
+        return np.full(n, start if n else 0, dtype=np.int64)
     arr = np.asarray(value)
     if arr.shape != (n,):
         raise ValueError(f"{name} must be an int or have shape ({n},), one per image, got "
                          f"shape {arr.shape}")
     if arr.size and arr.dtype.kind not in "iu":
         raise ValueError(f"{name} must hold integers, got dtype {arr.dtype}")
-    return np.ascontiguousarray(arr, dtype=np.int64)
+    if arr.dtype.kind == "u" and arr.size and arr.max() > _INT64_MAX:
+        # Casting would wrap these to negative values (and the message would lie).
+        i = int(np.argmax(arr > _INT64_MAX))
+        raise _window_error(name, int(arr[i]), size, limit, i)
+    starts = np.ascontiguousarray(arr, dtype=np.int64)
+    if size > limit:
+        bad = np.arange(n)
+    else:
+        # Not start + size > limit: that wraps for starts near 2**63 and passes.
+        bad = np.flatnonzero((starts < 0) | (starts > limit - size))
+    if bad.size:
+        i = int(bad[0])
+        raise _window_error(name, int(starts[i]), size, limit, i)
+    return starts
 
 
 def _per_image_flag(value, n: int) -> np.ndarray:
@@ -511,12 +532,17 @@ def _per_channel(value, channels: int, name: str, default: float) -> np.ndarray:
     return np.ascontiguousarray(arr, dtype=np.float32)
 
 
+def _window_outside(start: int, size: int, limit: int) -> bool:
+    """Whether ``[start, start + size)`` leaves ``[0, limit)``, for Python ints."""
+    return size > limit or start < 0 or start > limit - size
+
+
 def _window_error(name: str, start: int, size: int, limit: int, image) -> ValueError:
     span = "height" if name == "top" else "width"
     where = "" if image is None else f"for image {image} "
+    need = f"{span} <= {limit}" if size > limit else f"0 <= {name} <= {limit - size}"
     return ValueError(f"crop window outside the image: {name}={start} with {span}={size} "
-                      f"{where}needs 0 <= {name} <= {limit - size} for an image of {span} "
-                      f"{limit}")
+                      f"{where}needs {need} for an image of {span} {limit}")
 
 
 def _check_out_image(out, expected: tuple):
@@ -600,22 +626,17 @@ def crop_flip_normalize(images, top, left, height, width, flip=False, mean=None,
         lft = _image_int(left, "left", False)
         if np.ndim(flip) != 0:
             raise ValueError(f"flip must be a bool for one image, got {flip!r}")
-        if t < 0 or t + height > img_h:
+        if _window_outside(t, height, img_h):
             raise _window_error("top", t, height, img_h, None)
-        if lft < 0 or lft + width > img_w:
+        if _window_outside(lft, width, img_w):
             raise _window_error("left", lft, width, img_w, None)
         out = _check_out_image(out, (channels, height, width))
         _image.crop_flip_normalize_one(images, t, lft, bool(flip), means, stds, out)
         return out
     n = images.shape[0]
-    tops = _per_image_int(top, n, "top")
-    lefts = _per_image_int(left, n, "left")
+    tops = _per_image_int(top, n, "top", height, img_h)
+    lefts = _per_image_int(left, n, "left", width, img_w)
     flips = _per_image_flag(flip, n)
-    for name, start, size, limit in (("top", tops, height, img_h), ("left", lefts, width, img_w)):
-        bad = np.flatnonzero((start < 0) | (start + size > limit))
-        if bad.size:
-            i = int(bad[0])
-            raise _window_error(name, int(start[i]), size, limit, i)
     out = _check_out_image(out, (n, channels, height, width))
     _image.crop_flip_normalize_u8(images, tops, lefts, flips, means, stds, out)
     return out

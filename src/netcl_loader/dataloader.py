@@ -7,6 +7,7 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import time
 import warnings
 import weakref
@@ -16,9 +17,11 @@ import numpy as np
 
 from ._ring import ASSIGNED, CANCELLED, FREE, PIPED, READY
 from ._worker import (ENTRY_PIPED_TASK, ENTRY_REMAP, ENTRY_STOP, ENTRY_TASK,
-                      FLAG_PICKLED_INDICES, KIND_REMAP, KIND_TASK, TASK_HEADER,
-                      build_batch, rebuild_error, worker_loop)
-from .shared_batch import COPY, LEND, VIEW, WAIT_SLICE_MS, OutputPool, SharedBatchRingBuffer, decode
+                      FLAG_PICKLED_INDICES, KIND_REMAP, KIND_TASK, TASK_HEADER, WORKER_SEEDINGS,
+                      BatchMaker, Lifeline, RngStates, StreamEnd, WorkerConfig, rebuild_error,
+                      worker_loop)
+from .shared_batch import (COPY, LEND, VIEW, WAIT_SLICE_MS, OutputPool, SharedBatchRingBuffer,
+                           convert_output, decode)
 
 __all__ = ["DataLoader", "WorkerError", "LoaderStats"]
 
@@ -34,6 +37,9 @@ SLOT_GROWTH = 1.25
 MAX_LENT_SLOTS = 2
 #: State dict format.
 STATE_VERSION = 1
+#: Keys every state must have.
+_STATE_KEYS = ("version", "epoch", "batches_done", "extra_done", "seed", "dataset_len",
+               "batch_size", "drop_last", "shuffle", "world_size")
 
 
 class WorkerError(RuntimeError):
@@ -104,7 +110,7 @@ class LoaderStats:
         return self.summary()
 
 
-def _check_positive_int(name, value, minimum=1):
+def check_positive_int(name, value, minimum=1):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
         raise (TypeError if not isinstance(value, numbers.Integral) or isinstance(value, bool)
@@ -112,9 +118,54 @@ def _check_positive_int(name, value, minimum=1):
     return int(value)
 
 
-def _check_callable(name, value):
+def check_callable(name, value):
     if value is not None and not callable(value):
         raise TypeError(f"{name} must be callable or None, got {value!r} of type {type(value).__name__}")
+
+
+#: What batches are made of (SPEC section 10): None keeps tensors tensors and
+#: arrays arrays; "numpy" and "torch" turn every leaf into one kind.
+OUTPUTS = (None, "numpy", "torch")
+
+
+def is_iterable_dataset(dataset):
+    """True for an iterable-style dataset: ``__iter__`` and no usable ``__getitem__``.
+
+    An instance of ``torch.utils.data.IterableDataset`` counts as one (its
+    inherited ``__getitem__`` only raises); torch is consulted only if the
+    caller has imported it.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        data = getattr(getattr(torch, "utils", None), "data", None)
+        base = getattr(data, "IterableDataset", None)
+        if base is not None and isinstance(dataset, base):
+            return True
+    return hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__")
+
+
+def _seed_from(generator):
+    """The base seed: drawn from ``generator`` (a torch.Generator) when given, else fresh."""
+    if generator is None:
+        return int(np.random.SeedSequence().entropy % (1 << 63))
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {generator!r}")
+    # As PyTorch draws its base seed: one int64 from the generator.
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item()) & ((1 << 63) - 1)
+
+
+def _pinning_available(device):
+    """True where torch can page-lock memory for an accelerator (CUDA here)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    try:
+        if device and not device.startswith("cuda"):
+            return False
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
 
 
 class DataLoader:
@@ -186,21 +237,38 @@ class DataLoader:
                  transforms=None, use_shared_mem=True, *, sampler=None, batch_sampler=None,
                  collate_fn=None, zero_copy=False, in_order=True, timeout=None,
                  worker_init_fn=None, multiprocessing_context=None, rank=None, world_size=None,
-                 device_queue=None, async_transfer=False):
+                 output=None, worker_seeding="batch", prefetch_factor=None,
+                 persistent_workers=True, pin_memory=False, pin_memory_device="",
+                 generator=None, device_queue=None, async_transfer=False):
         self._closed = True  # until construction succeeds: __del__ must not act
-        if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
-            raise TypeError(f"dataset must be a map-style dataset with __len__ and __getitem__, "
-                            f"got {type(dataset).__name__}")
+        iterable = is_iterable_dataset(dataset)
+        if not iterable and not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+            raise TypeError(f"dataset must be a map-style dataset with __len__ and __getitem__ "
+                            f"or an iterable-style one with __iter__, got {type(dataset).__name__}")
         passed_batch_size = not isinstance(batch_size, _Default)
         passed_shuffle = shuffle is not _SHUFFLE_DEFAULT
         passed_drop_last = drop_last is not _DROP_LAST_DEFAULT
+        if iterable:
+            if passed_shuffle and shuffle:
+                raise ValueError(f"shuffle={shuffle!r} cannot be used with an iterable-style "
+                                 f"dataset ({type(dataset).__name__}): its stream decides the "
+                                 f"order; pass shuffle=False or no shuffle")
+            for name, value in (("sampler", sampler), ("batch_sampler", batch_sampler)):
+                if value is not None:
+                    raise ValueError(f"{name}={value!r} cannot be used with an iterable-style "
+                                     f"dataset ({type(dataset).__name__}): it has no indices")
         if batch_sampler is not None:
-            conflicts = [n for n, p in (("batch_size", passed_batch_size), ("shuffle", passed_shuffle),
-                                        ("drop_last", passed_drop_last), ("sampler", sampler is not None))
-                         if p]
+            # Judged on what the caller passed, and on whether it changes
+            # anything: PyTorch code passes batch_size=1, shuffle=False, ...
+            given = (("batch_size", batch_size, passed_batch_size and batch_size != 1),
+                     ("shuffle", shuffle, passed_shuffle and bool(shuffle)),
+                     ("drop_last", drop_last, passed_drop_last and bool(drop_last)),
+                     ("sampler", sampler, sampler is not None))
+            conflicts = [f"{n}={v!r}" for n, v, clash in given if clash]
             if conflicts:
                 raise ValueError(f"batch_sampler={batch_sampler!r} is mutually exclusive with "
-                                 f"{', '.join(conflicts)}: the batch sampler decides batching and order")
+                                 f"{', '.join(conflicts)}: the batch sampler decides batching "
+                                 f"and order")
             if not hasattr(batch_sampler, "__iter__"):
                 raise TypeError(f"batch_sampler must be an iterable of index lists, got {batch_sampler!r}")
         if sampler is not None:
@@ -209,30 +277,56 @@ class DataLoader:
                                  f"the sampler decides the order; pass shuffle=False or no shuffle")
             if not hasattr(sampler, "__iter__"):
                 raise TypeError(f"sampler must be an iterable of indices, got {sampler!r}")
-        batch_size = _check_positive_int("batch_size", batch_size)
-        num_workers = _check_positive_int("num_workers", num_workers, minimum=0)
+        if batch_size is None:
+            if passed_drop_last and drop_last:
+                raise ValueError("batch_size=None (no batching) is mutually exclusive with "
+                                 f"drop_last={drop_last!r}: there is no last, smaller batch")
+        elif batch_sampler is None:
+            batch_size = check_positive_int("batch_size", batch_size)
+        num_workers = check_positive_int("num_workers", num_workers, minimum=0)
+        if prefetch_factor is not None:
+            if prefetch is not None:
+                raise ValueError(f"prefetch={prefetch!r} and prefetch_factor={prefetch_factor!r} "
+                                 f"both set the batches in flight; pass one of them")
+            if num_workers == 0:
+                raise ValueError(f"prefetch_factor={prefetch_factor!r} needs worker processes "
+                                 f"but num_workers=0; pass num_workers > 0 or no prefetch_factor")
+            prefetch = check_positive_int("prefetch_factor", prefetch_factor) * num_workers
         if prefetch is None:
             prefetch = max(2, 2 * num_workers)
-        prefetch = _check_positive_int("prefetch", prefetch)
+        prefetch = check_positive_int("prefetch", prefetch)
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
-                raise TypeError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
-            if not timeout > 0:
-                raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+                raise TypeError(f"timeout must be a non-negative number of seconds or None, "
+                                f"got {timeout!r}")
+            if not timeout >= 0:
+                raise ValueError(f"timeout must be a non-negative number of seconds or None "
+                                 f"(0: no timeout), got {timeout!r}")
+            timeout = None if timeout == 0 else float(timeout)  # PyTorch's 0: wait forever
         if seed is not None:
             if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
                 raise TypeError(f"seed must be a non-negative int or None, got {seed!r}")
             if seed < 0:
                 raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
+            if generator is not None:
+                raise ValueError(f"seed={seed!r} and generator={generator!r} both set the base "
+                                 f"seed; pass one of them")
+        if output not in OUTPUTS:
+            raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
+        if worker_seeding not in WORKER_SEEDINGS:
+            raise ValueError(f"worker_seeding must be one of {WORKER_SEEDINGS}, "
+                             f"got {worker_seeding!r}")
+        if not isinstance(pin_memory_device, str):
+            raise TypeError(f"pin_memory_device must be a str, got {pin_memory_device!r}")
         if (rank is None) != (world_size is None):
             raise ValueError(f"rank and world_size go together: got rank={rank!r}, "
                              f"world_size={world_size!r}")
         if world_size is not None:
-            world_size = _check_positive_int("world_size", world_size)
+            world_size = check_positive_int("world_size", world_size)
             if isinstance(rank, bool) or not isinstance(rank, numbers.Integral) or not 0 <= rank < world_size:
                 raise ValueError(f"rank must be an int in [0, world_size={world_size}), got {rank!r}")
             rank = int(rank)
-            if world_size > 1 and seed is None:
+            if world_size > 1 and seed is None and not iterable:
                 raise ValueError(f"seed is required when world_size={world_size} > 1, so that every "
                                  f"rank draws the same order; got seed=None")
             if world_size > 1 and (sampler is not None or batch_sampler is not None):
@@ -253,15 +347,15 @@ class DataLoader:
                 if not callable(t):
                     raise TypeError(f"transforms must be callables; {t!r} of type "
                                     f"{type(t).__name__} is not")
-        _check_callable("collate_fn", collate_fn)
-        _check_callable("worker_init_fn", worker_init_fn)
+        check_callable("collate_fn", collate_fn)
+        check_callable("worker_init_fn", worker_init_fn)
         self._mp_context = self._resolve_context(multiprocessing_context)
         if seed is None:
-            seed = int(np.random.SeedSequence().entropy % (1 << 63))
+            seed = _seed_from(generator)
 
         self.dataset = dataset
         self.batch_size = batch_size if batch_sampler is None else None
-        self.shuffle = bool(shuffle) and sampler is None and batch_sampler is None
+        self.shuffle = bool(shuffle) and sampler is None and batch_sampler is None and not iterable
         self.drop_last = bool(drop_last)
         self.num_workers = num_workers
         self.prefetch = prefetch
@@ -277,13 +371,29 @@ class DataLoader:
         self.worker_init_fn = worker_init_fn
         self.rank = 0 if rank is None else rank
         self.world_size = 1 if world_size is None else world_size
+        self.output = output
+        self.worker_seeding = worker_seeding
+        self.prefetch_factor = prefetch_factor
+        self.persistent_workers = bool(persistent_workers)
+        self.generator = generator
+        self.pin_memory_device = pin_memory_device
+        self.pin_memory = bool(pin_memory) and _pinning_available(pin_memory_device)
+        self.iterable = iterable
         self._distributed = world_size is not None and world_size > 1
+        # Batches in the calling process (num_workers=0) are made by the same
+        # code as in a worker.
+        self._batched = batch_size is not None or batch_sampler is not None
+        self._maker = BatchMaker(dataset, collate_fn, transforms, self._batched, self.batch_size,
+                                 self.drop_last,
+                                 iterable, worker_seeding, self.seed,
+                                 self.rank if self._distributed else None)
 
         self._stats = LoaderStats()
         self._pool = None
         self._pool_dataset = None
         self._pools_started = 0
         self._next_epoch = 0
+        self._epoch_from_caller = False  # set_epoch()/load_state_dict() was called: forward it
         self._resume = None          # (epoch, done_prefix, extra_done) for the next iteration
         self._stopped = None         # where an iteration left before its end stopped (state_dict)
         self._prestarted = None      # (iterator, config) of the next epoch, started early
@@ -294,6 +404,10 @@ class DataLoader:
         self._out_pool = OutputPool()
         self._closed = False
 
+        if pin_memory and not self.pin_memory:
+            warnings.warn("'pin_memory' argument is set as true but no accelerator is found, "
+                          "then device pinned memory won't be used (pin_memory=True changes "
+                          "nothing here)", UserWarning, stacklevel=2)
         if device_queue is not None:
             warnings.warn("device_queue= is deprecated; call loader.bind_queue(queue) instead",
                           DeprecationWarning, stacklevel=2)
@@ -348,26 +462,42 @@ class DataLoader:
 
     def _batches(self, epoch):
         """An iterator over the index batches of one epoch: int64 arrays (lists
-        from a sampler or batch sampler).  It holds no reference to the loader."""
+        from a sampler or batch sampler).  It holds no reference to the loader.
+        Without batching (``batch_size=None``) each batch is one index."""
         if self.batch_sampler is not None:
             self._forward_epoch(self.batch_sampler, epoch)
             return iter(self.batch_sampler)
         if self.sampler is not None:
             self._forward_epoch(self.sampler, epoch)
+            if not self._batched:
+                return ([i] for i in self.sampler)
             return _group(iter(self.sampler), self.batch_size, self.drop_last)
         order = self._local_order(epoch)
-        bs = self.batch_size
+        bs = 1 if self.batch_size is None else self.batch_size
         stop = len(order) - len(order) % bs if self.drop_last else len(order)
         return iter([order[start:start + bs] for start in range(0, stop, bs)])
 
-    @staticmethod
-    def _forward_epoch(sampler, epoch):
+    def _forward_epoch(self, sampler, epoch):
+        # Only once the caller has said which epoch it is (set_epoch or a
+        # loaded state): otherwise a sampler's epoch is the caller's business,
+        # as in PyTorch, and a set_epoch(k) it made itself must hold.
+        if not self._epoch_from_caller:
+            return
         set_epoch = getattr(sampler, "set_epoch", None)
         if callable(set_epoch):
             set_epoch(epoch)
 
     def __len__(self):
-        """Batches one epoch yields (on this rank)."""
+        """Batches one epoch yields (on this rank).
+
+        For an iterable-style dataset, from ``len(dataset)`` as PyTorch computes
+        it (TypeError when the dataset has no length).
+        """
+        if self.iterable:
+            n = len(self.dataset)
+            if self.batch_size is None:
+                return n
+            return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
         if self.batch_sampler is not None:
             return len(self.batch_sampler)
         if self.sampler is not None:
@@ -376,18 +506,23 @@ class DataLoader:
             n = len(self.dataset)
             if self._distributed:
                 n = n // self.world_size if self.drop_last else -(-n // self.world_size)
+        if self.batch_size is None:
+            return n
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def set_epoch(self, epoch):
         """Set the epoch of the next iteration (it then counts up from there).
 
-        After :meth:`load_state_dict`, setting the state's own epoch keeps the
+        From then on the loader also calls ``set_epoch`` of a ``sampler`` or
+        ``batch_sampler`` that has one, before each epoch.  After
+        :meth:`load_state_dict`, setting the state's own epoch keeps the
         resume (a loop calls ``set_epoch(e)`` at the top of every epoch, the
         resumed one too); any other epoch starts from its beginning.
         """
         if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
         self._next_epoch = int(epoch)
+        self._epoch_from_caller = True
         if self._resume is not None and self._resume[0] != epoch:
             self._resume = None
         self._stopped = None
@@ -403,11 +538,13 @@ class DataLoader:
         after a finished epoch the state points at the next epoch.
         """
         it = self._active() if self._active is not None else None
-        if it is not None and not it.finished:
-            epoch, prefix, extra = it.epoch, it.done_prefix, sorted(it.done_extra)
-        elif self._resume is not None:
+        if self._resume is not None:
+            # A loaded state wins over an old iterator still alive: it is
+            # where the next iteration starts.
             epoch, prefix, extra = self._resume
             extra = sorted(extra)
+        elif it is not None and not it.finished:
+            epoch, prefix, extra = it.epoch, it.done_prefix, sorted(it.done_extra)
         elif self._stopped is not None:
             epoch, prefix, extra = self._stopped
             extra = sorted(extra)
@@ -415,7 +552,7 @@ class DataLoader:
             epoch, prefix, extra = self._next_epoch, 0, []
         return {"version": STATE_VERSION, "epoch": int(epoch), "batches_done": int(prefix),
                 "extra_done": [int(x) for x in extra], "seed": self.seed,
-                "dataset_len": len(self.dataset), "batch_size": self.batch_size,
+                "dataset_len": _length_or_none(self.dataset), "batch_size": self.batch_size,
                 "drop_last": self.drop_last, "shuffle": self.shuffle,
                 "world_size": self.world_size, "rank": self.rank}
 
@@ -436,25 +573,46 @@ class DataLoader:
         """
         if not isinstance(state, dict):
             raise TypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"state version {state.get('version')!r} is not {STATE_VERSION}")
+        missing = [k for k in _STATE_KEYS if k not in state]
+        if missing:
+            raise ValueError(f"cannot resume: the state lacks {', '.join(map(repr, missing))}; "
+                             f"expected a dict from DataLoader.state_dict()")
+        if state["version"] != STATE_VERSION:
+            raise ValueError(f"cannot resume: state version {state['version']!r} is not "
+                             f"{STATE_VERSION}")
+        for key in ("epoch", "batches_done", "seed"):
+            value = state[key]
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+                raise ValueError(f"cannot resume: the state's {key} must be a non-negative int, "
+                                 f"got {value!r}")
+        extra_done = state["extra_done"]
+        if not isinstance(extra_done, (list, tuple)) or any(
+                isinstance(x, bool) or not isinstance(x, numbers.Integral) for x in extra_done):
+            raise ValueError(f"cannot resume: the state's extra_done must be a list of ints, "
+                             f"got {extra_done!r}")
         mine = self.state_dict()
         for key in ("dataset_len", "batch_size", "drop_last", "shuffle", "world_size"):
-            if state.get(key) != mine[key]:
-                raise ValueError(f"cannot resume: the state has {key}={state.get(key)!r} but this "
+            if state[key] != mine[key]:
+                raise ValueError(f"cannot resume: the state has {key}={state[key]!r} but this "
                                  f"loader has {key}={mine[key]!r}")
         prefix = int(state["batches_done"])
-        n_batches = len(self)
-        if not 0 <= prefix <= n_batches:
+        extra = set(int(x) for x in extra_done)
+        try:
+            n_batches = len(self)
+        except TypeError:  # an iterable dataset without a length: resumed by replay
+            n_batches = None
+        if n_batches is not None and not prefix <= n_batches:
             raise ValueError(f"cannot resume: batches_done={prefix} is outside [0, {n_batches}]")
-        extra = set(int(x) for x in state.get("extra_done", []))
-        if any(not prefix < x < n_batches for x in extra):
+        if extra and (self.iterable or any(not prefix < x < n_batches for x in extra)):
             raise ValueError(f"cannot resume: extra_done={sorted(extra)} must lie in "
                              f"({prefix}, {n_batches})")
+        # Everything is checked: only now does anything change.
         if int(state["seed"]) != self.seed:
             self.seed = int(state["seed"])
+            self._maker.base_seed = self.seed
             self._shutdown_pool()  # its workers seed from the old one
         self._next_epoch = int(state["epoch"])
+        self._epoch_from_caller = True
         self._resume = (int(state["epoch"]), prefix, extra)
         self._stopped = None
 
@@ -521,6 +679,31 @@ class DataLoader:
         if pool is not None:
             pool.close()
 
+    def _end_epoch_pool(self):
+        """``persistent_workers=False``: the pool ends with each epoch, as PyTorch's does."""
+        if not self.persistent_workers:
+            self._shutdown_pool()
+
+    def _deliver(self, batch):
+        """A batch the loader owns (made in-process or piped), as ``output`` asks."""
+        if self.output is not None:
+            batch = convert_output(batch, self.output)
+        return self._finalize(batch)
+
+    #: Plain tuples become lists, as PyTorch's default_collate and
+    #: default_convert make them (set by the PyTorch face).
+    _tuples_as_lists = False
+
+    def _finalize(self, batch):
+        """The last touches on every yielded batch: PyTorch's structure (its face),
+        and ``pin_memory=True`` with an accelerator: tensors in page-locked memory."""
+        if self._tuples_as_lists and self.collate_fn is None:
+            batch = _tuples_to_lists(batch)
+        if not self.pin_memory:
+            return batch
+        torch = sys.modules["torch"]
+        return _map_leaves(batch, lambda x: x.pin_memory() if isinstance(x, torch.Tensor) else x)
+
     @property
     def worker_pids(self):
         """Pids of the live worker processes (empty before the first iteration)."""
@@ -561,6 +744,7 @@ class DataLoader:
         """
         if (self._closed or self.num_workers == 0 or self.sampler is not None
                 or self.batch_sampler is not None or self._resume is not None
+                or self.iterable or not self.persistent_workers
                 or self._next_epoch != epoch or self._pool is None or not self._pool.alive):
             return
         try:
@@ -621,9 +805,54 @@ class DataLoader:
         raise TypeError("a DataLoader cannot be pickled: it owns processes and shared memory")
 
     def __repr__(self):
-        return (f"DataLoader({type(self.dataset).__name__} of {len(self.dataset)}, "
+        return (f"DataLoader({type(self.dataset).__name__} of {_length_or_none(self.dataset)}, "
                 f"batch_size={self.batch_size}, shuffle={self.shuffle}, num_workers={self.num_workers}, "
                 f"prefetch={self.prefetch}, seed={self.seed})")
+
+
+def _map_leaves(batch, fn):
+    """``batch`` with ``fn`` applied to each leaf (tuples, namedtuples, lists, dicts kept)."""
+    t = type(batch)
+    if t is tuple or t is list:
+        return t(_map_leaves(b, fn) for b in batch)
+    if t is dict:
+        return {k: _map_leaves(v, fn) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(t, "_fields"):
+        return t(*[_map_leaves(b, fn) for b in batch])
+    if isinstance(batch, dict):
+        return t({k: _map_leaves(v, fn) for k, v in batch.items()})
+    return fn(batch)
+
+
+def _tuples_to_lists(batch):
+    t = type(batch)
+    if t is tuple or t is list:
+        return [_tuples_to_lists(b) for b in batch]
+    if t is dict:
+        return {k: _tuples_to_lists(v) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(t, "_fields"):
+        return t(*[_tuples_to_lists(b) for b in batch])
+    return batch
+
+
+def _batch_len(batch):
+    """Samples in a batch: the length of its first array-like leaf (1 when there is none)."""
+    t = type(batch)
+    while t is tuple or t is list or t is dict or isinstance(batch, (tuple, list, dict)):
+        items = list(batch.values()) if isinstance(batch, dict) else list(batch)
+        if not items:
+            return 1
+        batch = items[0]
+        t = type(batch)
+    shape = getattr(batch, "shape", None)
+    return int(shape[0]) if shape else 1
+
+
+def _length_or_none(dataset):
+    try:
+        return len(dataset)
+    except TypeError:
+        return None
 
 
 def _group(indices, batch_size, drop_last):
@@ -640,18 +869,12 @@ def _group(indices, batch_size, drop_last):
 
 def _read_only(batch):
     """``batch`` with read-only views in place of its arrays (the arrays themselves untouched)."""
-    if isinstance(batch, np.ndarray):
-        view = batch.view()
-        view.flags.writeable = False
-        return view
-    if isinstance(batch, tuple):
-        items = [_read_only(b) for b in batch]
-        return type(batch)(*items) if hasattr(batch, "_fields") else tuple(items)
-    if isinstance(batch, list):
-        return [_read_only(b) for b in batch]
-    if isinstance(batch, dict):
-        return {k: _read_only(v) for k, v in batch.items()}
-    return batch
+    def view(x):
+        if isinstance(x, np.ndarray):
+            x = x.view()
+            x.flags.writeable = False
+        return x
+    return _map_leaves(batch, view)
 
 
 def _describe_error(exc):
@@ -670,25 +893,56 @@ def _describe_exit(wid, pid, code):
     return f"DataLoader worker {wid} (pid {pid}) exited unexpectedly with exit code {code}"
 
 
-def _shutdown(procs, conns, header):
-    """End worker processes: STOP, then terminate, then kill; close the pipes."""
+#: Descriptors only the main process may hold (each pool's pipe ends and
+#: lifeline): a worker started by fork inherits them and shuts its copies, so
+#: that the main process's death is an EOF for every worker.
+_MAIN_ONLY_FDS = set()
+
+
+def _shutdown(procs, conns, header, lifeline):
+    """End worker processes: STOP, then the lifeline, then terminate, then kill; close the pipes."""
     for wid in range(len(procs)):
-        header.push(wid, ENTRY_STOP)  # a full queue: terminate() below ends it
+        header.push(wid, ENTRY_STOP)  # a full queue: the lifeline below ends it
     deadline = time.monotonic() + JOIN_SECONDS
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))
+    for c in conns + [lifeline]:
+        try:
+            _MAIN_ONLY_FDS.discard(c.fileno())
+        except (OSError, ValueError):
+            pass
+        try:
+            c.close()
+        except OSError:
+            pass
+    # The lifeline's EOF makes every worker still running exit at once.
     for p in procs:
+        if p.exitcode is None:
+            p.join(0.5)
         if p.exitcode is None:
             p.terminate()
             p.join(0.5)
         if p.exitcode is None:
             p.kill()
             p.join(0.5)
-    for c in conns:
-        try:
-            c.close()
-        except OSError:
-            pass
+
+
+def _start_failed(exc, wid, method):
+    """Say, on the start error itself, which worker could not be started and why."""
+    if isinstance(exc, (pickle.PicklingError, TypeError, AttributeError)) and method != "fork":
+        why = (f"the dataset, collate_fn, transforms or worker_init_fn must be picklable to "
+               f"start workers with {method!r}: define them at module level, or use "
+               f"multiprocessing_context='fork' (Linux)")
+    elif isinstance(exc, (BlockingIOError, OSError)):
+        why = ("the system refused a new process (a limit on processes or memory); use fewer "
+               "num_workers or raise the limit")
+    else:
+        why = "see the error above"
+    note = f"netcl_loader: could not start DataLoader worker {wid} ({method}): {why}"
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    elif exc.args and isinstance(exc.args[0], str):
+        exc.args = (f"{exc.args[0]} ({note})",) + exc.args[1:]
 
 
 class _Pool:
@@ -697,6 +951,8 @@ class _Pool:
     Ownership: the main process owns the ring's memory and the slot
     assignment (it hands a free slot with each task, and frees slots as it
     consumes them); workers only fill the slot they were given and publish it.
+    The main process alone holds the write end of the workers' lifeline: its
+    death (or this pool's close) is an EOF that ends every worker.
     """
 
     def __init__(self, loader):
@@ -705,11 +961,12 @@ class _Pool:
         self.stats = loader._stats
         self.use_shared_mem = loader.use_shared_mem
         ctx = loader._mp_context
+        method = ctx.get_start_method()
         nslots = loader.prefetch + 2
         W = loader.num_workers
         # A task's indices travel in the ring header: room for a batch of
         # batch_size (batch samplers: up to 512); longer ones go by pipe.
-        per_task = loader.batch_size or 512
+        per_task = loader.batch_size or (1 if loader.batch_sampler is None else 512)
         self.ring = SharedBatchRingBuffer(nslots, 0, task_queues=W, index_bytes=8 * (per_task + 1))
         self.header = self.ring.header
         self.free = list(range(nslots - 1, -1, -1))
@@ -719,24 +976,45 @@ class _Pool:
         self.lent = {}                        # slot -> refcount of its region when lent
         self.procs, self.conns = [], []
         self.alive = True
+        config = WorkerConfig(0, W, loader.dataset, loader.collate_fn, loader.transforms,
+                              loader.worker_init_fn, loader.seed, loader.worker_seeding,
+                              loader.rank, loader.world_size, loader._distributed,
+                              loader.use_shared_mem, loader._batched, loader.batch_size,
+                              loader.drop_last, loader.iterable)
+        lifeline_r, self.lifeline = ctx.Pipe(duplex=False)
+        _MAIN_ONLY_FDS.add(self.lifeline.fileno())
+        # PR_SET_PDEATHSIG fires when the parent *thread* ends: only safe when
+        # the pool is started by the main thread.
+        death_signal = threading.current_thread() is threading.main_thread()
+        # Under forkserver the parent is the fork server, not this process.
+        parent = os.getpid() if method != "forkserver" else None
         try:
             for wid in range(W):
                 main_end, worker_end = ctx.Pipe(duplex=True)
-                p = ctx.Process(
-                    target=worker_loop, name=f"netcl_loader-worker-{wid}", daemon=True,
-                    args=(wid, W, worker_end, self.ring, loader.dataset, loader.collate_fn,
-                          loader.transforms, loader.worker_init_fn, loader.seed,
-                          loader.rank if loader._distributed else None, loader.use_shared_mem,
-                          os.getpid()))
-                self.procs.append(p)
                 self.conns.append(main_end)
-                p.start()
+                _MAIN_ONLY_FDS.add(main_end.fileno())
+                lifeline = Lifeline(lifeline_r, parent,
+                                    tuple(sorted(_MAIN_ONLY_FDS)) if method == "fork" else (),
+                                    death_signal)
+                p = ctx.Process(target=worker_loop, name=f"netcl_loader-worker-{wid}", daemon=True,
+                                args=(config._replace(worker_id=wid), worker_end, self.ring,
+                                      lifeline))
+                try:
+                    p.start()
+                except BaseException as exc:
+                    worker_end.close()
+                    _start_failed(exc, wid, method)
+                    raise
+                self.procs.append(p)
                 worker_end.close()
         except BaseException:
-            _shutdown(self.procs, self.conns, self.header)
+            lifeline_r.close()
+            _shutdown(self.procs, self.conns, self.header, self.lifeline)
             raise
+        lifeline_r.close()
         # Runs at close(), at collection and at interpreter exit, whichever is first.
-        self._finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns, self.header)
+        self._finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns, self.header,
+                                           self.lifeline)
         loader._stats.ring_slots = nslots
         loader._stats.ring_bytes = self.ring.nbytes
 
@@ -776,13 +1054,12 @@ class _Pool:
         self.close()
         raise WorkerError(f"lost the connection to DataLoader worker {wid} (pid {p.pid})", pid=p.pid)
 
-    def dispatch(self, token, seq, epoch, indices):
+    def dispatch(self, token, seq, epoch, indices, wid):
+        """Hand task ``seq`` (its ``indices``) and a free slot to worker ``wid``."""
         slot = self.free[-1]
         if self.use_shared_mem and self.ring.capacity(slot) < self.slot_need:
             self.grow(slot, self.slot_need)  # may raise SharedMemoryError: the slot stays free
         self.free.pop()
-        W = len(self.procs)
-        wid = seq % W
         self.slot_task[slot] = (token, seq, wid)
         self.header.set_task(slot, token, seq, wid + 1, epoch)
         self.header.claim(slot, FREE, ASSIGNED)
@@ -815,15 +1092,24 @@ class _Pool:
         self.header.publish(slot, FREE)
         self.free.append(slot)
 
-    def recv(self, wid, token, seq):
-        """The pipe payload of batch ``seq`` of iteration ``token`` from worker ``wid``."""
+    def recv(self, wid, token, seq, timeout=None):
+        """The pipe payload of batch ``seq`` of iteration ``token`` from worker ``wid``.
+
+        Raises TimeoutError after ``timeout`` seconds (None: never), and
+        WorkerError when the worker dies meanwhile.
+        """
         key = (token, seq)
         if key in self.stash:
             return self.stash.pop(key)
         conn = self.conns[wid]
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             while not conn.poll(LIVENESS_CHECK_SECONDS):
                 self.check_alive()
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"DataLoader timed out after timeout={timeout} s waiting for batch {seq} "
+                        f"from worker {wid} (pid {self.procs[wid].pid}) to arrive by pipe")
             try:
                 msg = conn.recv()
             except (EOFError, OSError):
@@ -834,14 +1120,31 @@ class _Pool:
             # slot is PIPED and will ask for it (reap() for a stale one).
             self.stash[(msg[1], msg[2])] = msg
 
+    def _poll_stale(self, wid, key):
+        """Stash what worker ``wid`` has sent so far; True once ``key``'s payload is in."""
+        conn = self.conns[wid]
+        try:
+            while key not in self.stash and conn.poll(0):
+                msg = conn.recv()
+                self.stash[(msg[1], msg[2])] = msg
+        except (EOFError, OSError):
+            self.lost(wid)
+        return key in self.stash
+
     def reap(self, token):
-        """Free the slots of older iterations whose workers have finished with them."""
+        """Free the slots of older iterations whose workers have finished with them.
+
+        Never waits: a stale batch still on its way by pipe is freed by a later call.
+        """
         for slot, task in enumerate(self.slot_task):
             if task is None or task[0] == token or slot in self.lent:
                 continue  # a lent slot is freed by reclaim_lent once the caller drops it
             st = self.header.state(slot)
             if st == PIPED:
-                self.recv(task[2], task[0], task[1])
+                key = (task[0], task[1])
+                if not self._poll_stale(task[2], key):
+                    continue
+                del self.stash[key]
             elif st not in (READY, CANCELLED):
                 continue
             self.release(slot)
@@ -861,6 +1164,10 @@ class _Pool:
         self._finalizer()
 
 
+#: The indices of a task of an iterable-style dataset.
+_NO_INDICES = np.zeros(0, np.int64)
+
+
 class _Iter:
     """One epoch of batches."""
 
@@ -876,9 +1183,23 @@ class _Iter:
         self.held = None                 # slot lent to the caller (zero_copy)
         self.deferred = []               # (slot, GpuBatch): slot freed when its upload completes
         self._last = None                # end of the previous next(), for wall time
-        # A frozen copy: _mark_done drops entries from done_extra as the prefix
-        # passes them, and those batches must still be skipped.
-        self._tasks = self._numbered(loader._batches(epoch), prefix, frozenset(self.done_extra))
+        self.iterable = loader.iterable
+        if self.iterable:
+            # A stream has no indices: tasks are "your next batch", dealt
+            # round-robin to the workers whose stream has not ended, which is
+            # the order PyTorch yields them in.  A resume replays: the first
+            # `prefix` batches are made again and dropped.
+            self._replay = prefix
+            self.done_prefix = 0
+            self._ended = set()
+            self._next_seq = 0
+            self._next_worker = 0
+            self._tasks = None
+        else:
+            # A frozen copy: _mark_done drops entries from done_extra as the
+            # prefix passes them, and those batches must still be skipped.
+            self._tasks = self._numbered(loader._batches(epoch), prefix,
+                                         frozenset(self.done_extra))
         self._tasks_left = True
         self.pool = None
         if loader.num_workers > 0:
@@ -888,10 +1209,30 @@ class _Iter:
             self.pool.header.set_token(self.token)
             self.pool.reap(self.token)
             self._fill()
+        else:
+            loader._token = (loader._token + 1) & 0xFFFFFFFF
+            self.token = loader._token
+            if self.iterable:
+                loader._maker.start_stream(self.token)
         if not prestarted:
             # Starting the pool and the first tasks is time the caller waits too.
             self._last = t0
             loader._stats.wait_seconds += time.perf_counter() - t0
+
+    def _next_task(self):
+        """``(seq, indices, worker id)`` of the next task; StopIteration when there is none."""
+        if not self.iterable:
+            seq, indices = next(self._tasks)
+            return seq, indices, seq % self.loader.num_workers
+        W = self.loader.num_workers
+        if len(self._ended) >= W:
+            raise StopIteration
+        wid = self._next_worker
+        while wid in self._ended:
+            wid = (wid + 1) % W
+        self._next_worker = (wid + 1) % W
+        seq, self._next_seq = self._next_seq, self._next_seq + 1
+        return seq, _NO_INDICES, wid
 
     @staticmethod
     def _numbered(batches, prefix, extra):
@@ -918,69 +1259,112 @@ class _Iter:
         if self.pool is None:
             return self._next_inline(now)
         try:
-            self._release_held()
-            self._poll_deferred()
-            if self.pool.lent:
-                self.pool.reclaim_lent()
-            self._fill()
-            while not self.pending:
-                if not self._tasks_left:
-                    self._finish()
-                    raise StopIteration
-                self._wait_for_slot()  # every slot is lent, deferred or still stale
+            while True:
+                self._release_held()
+                self._poll_deferred()
+                if self.pool.lent:
+                    self.pool.reclaim_lent()
                 self._fill()
-            seq, slot, wid, n = self._wait()
-            state = self.pool.header.state(slot)
-            if state == READY:
-                batch = self._take_ready(slot)
-            else:  # PIPED
-                t0 = time.perf_counter()
-                msg = self.pool.recv(wid, self.token, seq)
-                stats.wait_seconds += time.perf_counter() - t0
-                needed = self.pool.header.result(slot)[2]
-                if needed:
-                    stats.piped_batches += 1
-                    self.pool.slot_need = max(self.pool.slot_need, int(needed * SLOT_GROWTH))
-                elif not loader.use_shared_mem:
-                    stats.piped_batches += 1
-                self.pool.release(slot)
-                if msg[0] == "error":
-                    self._mark_done(seq)
+                while not self.pending:
+                    if not self._tasks_left:
+                        self._finish()
+                        raise StopIteration
+                    self._wait_for_slot()  # every slot is lent, deferred or still stale
                     self._fill()
-                    raise rebuild_error(msg[3])
-                batch = self._upload_owned(msg[3])
+                seq, slot, wid, n = self._wait()
+                state = self.pool.header.state(slot)
+                if state == READY:
+                    batch = self._take_ready(slot)
+                else:  # PIPED
+                    t0 = time.perf_counter()
+                    msg = self.pool.recv(wid, self.token, seq, loader.timeout)
+                    stats.wait_seconds += time.perf_counter() - t0
+                    needed = self.pool.header.result(slot)[2]
+                    if needed:
+                        stats.piped_batches += 1
+                        self.pool.slot_need = max(self.pool.slot_need, int(needed * SLOT_GROWTH))
+                    elif not loader.use_shared_mem and msg[0] == "batch":
+                        stats.piped_batches += 1
+                    self.pool.release(slot)
+                    if msg[0] == "end":  # this worker's stream has ended
+                        self._ended.add(wid)
+                        continue
+                    if msg[0] == "error":
+                        if self.iterable:
+                            self._ended.add(wid)  # the error ended its stream (SPEC section 11)
+                        else:
+                            self._mark_done(seq)
+                        self._fill()
+                        raise rebuild_error(msg[3])
+                    batch = self._upload_owned(loader._deliver(msg[3]))
+                if self.iterable and self._replay:
+                    self._replay -= 1  # yielded before the resume: made again, dropped
+                    self.done_prefix += 1
+                    batch = None
+                    continue
+                break
         except (WorkerError, EOFError, OSError):
             self.finished = True
             loader._stopped = (self.epoch, self.done_prefix, set(self.done_extra))
             self.pending = {}
             self.deferred = []
             self.held = None
+            loader._end_epoch_pool()
             raise
-        self._mark_done(seq)
+        if self.iterable:
+            self.done_prefix += 1
+        else:
+            self._mark_done(seq)
         self._fill()
         end = time.perf_counter()
         stats.batches += 1
-        stats.samples += n
+        stats.samples += n if not self.iterable else _batch_len(batch)
         stats.wall_seconds += end - self._last
         self._last = end
         return batch
 
     def _next_inline(self, now):
         loader = self.loader
-        try:
-            seq, indices = next(self._tasks)
-        except StopIteration:
-            self._finish()
-            raise
-        # Outputs come from arrays of earlier batches that the caller dropped:
-        # a fresh large array would pay a page fault per page again.
-        batch = build_batch(loader.dataset, indices, loader.collate_fn, loader.transforms,
-                            loader._out_pool.take)
-        self._mark_done(seq)
-        batch = self._upload_owned(batch)
+        maker = loader._maker
+        while True:
+            if self.iterable:
+                seq, indices = self.done_prefix, _NO_INDICES
+            else:
+                try:
+                    seq, indices = next(self._tasks)
+                except StopIteration:
+                    self._finish()
+                    raise
+            # The caller's own random streams are kept: a batch is seeded as a
+            # worker would seed it, and the caller's RNG states are put back.
+            saved = RngStates() if maker.seed_batches else None
+            try:
+                maker.seed(self.epoch, seq)
+                # Outputs come from arrays of earlier batches that the caller
+                # dropped: a fresh large array would pay a page fault per page.
+                batch = maker.make(indices, loader._out_pool.take)
+            except StreamEnd:
+                self._finish()
+                raise StopIteration from None
+            except Exception:
+                if self.iterable:
+                    self._finish()  # an error ends the stream
+                raise
+            finally:
+                if saved is not None:
+                    saved.restore()
+            if self.iterable:
+                self.done_prefix += 1
+                if self._replay:
+                    self._replay -= 1
+                    continue
+            else:
+                self._mark_done(seq)
+            break
+        batch = self._upload_owned(loader._deliver(batch))
         end = time.perf_counter()
         loader._stats.batches += 1
-        loader._stats.samples += len(indices)
+        loader._stats.samples += len(indices) if not self.iterable else _batch_len(batch)
         loader._stats.wait_seconds += end - now
         loader._stats.wall_seconds += end - self._last
         self._last = end
@@ -999,11 +1383,11 @@ class _Iter:
         pool = self.pool
         while self._tasks_left and len(self.pending) < self.loader.prefetch and pool.free:
             try:
-                seq, indices = next(self._tasks)
+                seq, indices, wid = self._next_task()
             except StopIteration:
                 self._tasks_left = False
                 break
-            slot, wid = pool.dispatch(self.token, seq, self.epoch, indices)
+            slot, wid = pool.dispatch(self.token, seq, self.epoch, indices, wid)
             self.pending[seq] = (slot, wid, len(indices))
 
     def _wait(self):
@@ -1085,9 +1469,9 @@ class _Iter:
             # is reused only once the caller has dropped every one of them.
             # Cheaper than a copy, and the caller still owns what it gets.
             base = pool.refs(slot)
-            batch = decode(pool.ring.segment(slot), meta_off, meta_len, LEND)
+            batch = decode(pool.ring.segment(slot), meta_off, meta_len, LEND, output=loader.output)
             pool.lent[slot] = base
-            return batch
+            return loader._finalize(batch)
         seg = pool.ring.segment(slot)
         if loader._uploader is not None:
             views = decode(seg, meta_off, meta_len, VIEW)
@@ -1101,10 +1485,10 @@ class _Iter:
                 return gb
         if loader.zero_copy:
             self.held = slot
-            return decode(seg, meta_off, meta_len, VIEW)
-        batch = decode(seg, meta_off, meta_len, COPY, loader._out_pool)
+            return loader._finalize(decode(seg, meta_off, meta_len, VIEW, output=loader.output))
+        batch = decode(seg, meta_off, meta_len, COPY, loader._out_pool, output=loader.output)
         pool.release(slot)
-        return batch
+        return loader._finalize(batch)
 
     def _upload_owned(self, batch):
         """Upload a batch whose arrays the loader owns (pipe path, num_workers=0)."""
@@ -1170,6 +1554,7 @@ class _Iter:
             self.finished = True
             self.loader._stats.epochs += 1
             self._cleanup()
+            self.loader._end_epoch_pool()
             self.loader._prestart(self.epoch + 1)
 
     def _abandon(self):
@@ -1179,6 +1564,8 @@ class _Iter:
             if not self.prestarted:
                 self.loader._stopped = (self.epoch, self.done_prefix, set(self.done_extra))
             self._cleanup()
+            if not self.prestarted:
+                self.loader._end_epoch_pool()
 
     def _cleanup(self):
         try:

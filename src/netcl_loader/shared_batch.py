@@ -20,13 +20,16 @@ import os
 import pickle
 import sys
 import time
+from typing import NamedTuple
 
 import numpy as np
 
+from ._collate import (array_as_tensor, is_tensor, tensor_as_array, tensor_dtype_info,
+                       torch_dtype, torch_dtype_name, torch_holds, torch_module)
 from ._ring import (ASSIGNED, CANCELLED, FREE, PAGE_BYTES, PIPED, READY, RingHeader,
                     Segment, SharedMemoryError)
 
-__all__ = ["SharedBatchRingBuffer", "SlotOverflowError", "SharedMemoryError"]
+__all__ = ["SharedBatchRingBuffer", "SlotOverflowError", "SharedMemoryError", "convert_output"]
 
 #: Arrays in a slot start on a cache line, so that copies run at full speed.
 ARRAY_ALIGN_BYTES = 64
@@ -72,35 +75,197 @@ def _read_int(path):
         return None
 
 
-def available_memory_bytes():
-    """Bytes this process can still take: MemAvailable, less by any cgroup limit.
+#: Limits at or above this are "no limit": cgroup v1 writes an unlimited
+#: memory.limit_in_bytes as LONG_MAX rounded down to a page (about 2**63).
+_NO_LIMIT_BYTES = 1 << 60
 
-    ``None`` where it cannot be told (not Linux).  Shared memory (memfd) is
-    charged to the cgroup of the process that touches it first, here the
-    creator, so a container's limit is the bound that matters.
+
+class MemoryRoom(NamedTuple):
+    """What :func:`memory_limit` found: the room left and the limit that bounds it.
+
+    Attributes
+    ----------
+    available : int or None
+        Bytes this process can still take: the least of MemAvailable and the
+        room (limit less usage) of every cgroup level above it; None where it
+        cannot be told (not Linux).
+    limit : int or None
+        Bytes of the tightest cgroup memory limit (the level with the least
+        room), None where no level has a limit.
+    cgroup : str or None
+        The directory of that cgroup (where its ``memory.max`` or
+        ``memory.limit_in_bytes`` is), None where no level has a limit.
+    mem_available : int or None
+        MemAvailable of ``/proc/meminfo`` in bytes.
+    """
+
+    available: int | None
+    limit: int | None
+    cgroup: str | None
+    mem_available: int | None
+
+
+def _read_stat(path, key):
+    """One ``key value`` line of a cgroup's memory.stat, or 0."""
+    try:
+        with open(path) as f:
+            for line in f:
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _own_cgroups(proc_self_cgroup):
+    """(v2 path, v1 memory path) of this process from /proc/self/cgroup; None where absent.
+
+    Lines are ``id:controllers:path``; v2's is ``0::/path``, v1's memory
+    controller is named in a comma-separated list (``4:memory:/path``).
+    """
+    v2 = v1 = None
+    try:
+        with open(proc_self_cgroup) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None, None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        hierarchy, controllers, path = parts
+        if hierarchy == "0" and controllers == "":
+            v2 = path
+        elif "memory" in controllers.split(","):
+            v1 = path
+    return v2, v1
+
+
+def _levels(mount, path):
+    """Directories from the cgroup's own up to the mount's root, deepest first.
+
+    A level missing under the mount is skipped: where the process's cgroup is
+    itself mounted as the root (a container without a cgroup namespace), its
+    path names directories of the host that the mount does not show.
+    """
+    parts = [p for p in path.split("/") if p and p not in (".", "..")]
+    for k in range(len(parts), -1, -1):
+        level = os.path.join(mount, *parts[:k])
+        if os.path.isdir(level):
+            yield level
+
+
+def memory_limit(proc_self_cgroup="/proc/self/cgroup", cgroup_root="/sys/fs/cgroup",
+                 meminfo="/proc/meminfo"):
+    """The memory this process can still take, and the cgroup limit that bounds it.
+
+    Every level from the process's own cgroup (read from
+    ``proc_self_cgroup``) up to the root of its hierarchy can hold a limit,
+    and the tightest one is what the kernel enforces: cgroup v2's
+    ``memory.max`` less ``memory.current`` under ``cgroup_root`` (or
+    ``cgroup_root/unified`` on a hybrid system), cgroup v1's
+    ``memory.limit_in_bytes`` less ``memory.usage_in_bytes`` under
+    ``cgroup_root/memory``. Usage counts the inactive file cache, which the
+    kernel reclaims before it fails an allocation, so that part is not held
+    against the room (as ``docker stats`` computes it). Shared memory (memfd)
+    is charged to the cgroup of the process that touches it first, here the
+    creator, so its limits are the ones that matter.
+
+    Parameters
+    ----------
+    proc_self_cgroup, cgroup_root, meminfo : str
+        Where to read; the defaults are the running system's (tests point them
+        at a tree of their own).
+
+    Returns
+    -------
+    MemoryRoom
+        ``(available, limit, cgroup, mem_available)``; all None where it
+        cannot be told (not Linux).
     """
     if not sys.platform.startswith("linux"):
-        return None
-    avail = None
+        return MemoryRoom(None, None, None, None)
+    mem_available = None
     try:
-        with open("/proc/meminfo") as f:
+        with open(meminfo) as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
+                    mem_available = int(line.split()[1]) * 1024
                     break
-    except OSError:
+    except (OSError, ValueError, IndexError):
         pass
-    for limit_path, usage_path in (
-        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
-    ):
-        limit = _read_int(limit_path)
-        usage = _read_int(usage_path)
-        if limit is not None and usage is not None and limit < (1 << 60):
-            room = max(0, limit - usage)
-            avail = room if avail is None else min(avail, room)
-            break
-    return avail
+    v2, v1 = _own_cgroups(proc_self_cgroup)
+    hierarchies = []
+    if v2 is not None:
+        for mount in (cgroup_root, os.path.join(cgroup_root, "unified")):
+            if os.path.exists(os.path.join(mount, "cgroup.controllers")):
+                hierarchies.append((mount, v2, "memory.max", "memory.current", "inactive_file"))
+                break
+    if v1 is not None:
+        hierarchies.append((os.path.join(cgroup_root, "memory"), v1, "memory.limit_in_bytes",
+                            "memory.usage_in_bytes", "total_inactive_file"))
+    best = None  # (room, limit, directory) of the level with the least room
+    for mount, path, limit_name, usage_name, inactive_key in hierarchies:
+        for level in _levels(mount, path):
+            limit = _read_int(os.path.join(level, limit_name))
+            if limit is None or limit >= _NO_LIMIT_BYTES:
+                continue
+            usage = _read_int(os.path.join(level, usage_name)) or 0
+            inactive = _read_stat(os.path.join(level, "memory.stat"), inactive_key)
+            room = max(0, limit - max(0, usage - inactive))
+            if best is None or room < best[0]:
+                best = (room, limit, level)
+    if best is None:
+        return MemoryRoom(mem_available, None, None, mem_available)
+    available = best[0] if mem_available is None else min(best[0], mem_available)
+    return MemoryRoom(available, best[1], best[2], mem_available)
+
+
+def available_memory_bytes():
+    """Bytes this process can still take (:func:`memory_limit`'s ``available``); None off Linux."""
+    return memory_limit().available
+
+
+def check_reservable(nbytes, what, ask_less="lower batch_size or prefetch", *, room=None):
+    """Raise SharedMemoryError unless ``nbytes`` of memory can be had now.
+
+    The one check made before any shared memory is reserved, so that a
+    shortage is an error naming the bytes, the limit and a remedy rather than
+    an OOM kill while the pages are touched.
+
+    Parameters
+    ----------
+    nbytes : int
+        Bytes about to be reserved.
+    what : str
+        What they are for, for the message ("a ring header").
+    ask_less : str
+        The first remedy: how the caller could ask for less.
+    room : MemoryRoom, optional
+        What to judge by; default :func:`memory_limit` of the running system.
+
+    Raises
+    ------
+    SharedMemoryError
+        Naming the bytes asked for, the bytes available, the cgroup limit and
+        its directory, and a remedy.
+    """
+    if room is None:
+        room = memory_limit()
+    if room.available is None or nbytes <= room.available:
+        return
+    if room.limit is not None:
+        bound = (f"the memory limit of cgroup {room.cgroup} is {room.limit} bytes; "
+                 f"MemAvailable is {room.mem_available} bytes")
+        raise_it = (f"raise that limit (memory.max or memory.limit_in_bytes of {room.cgroup}; "
+                    f"for a container, e.g. docker run --memory)")
+    else:
+        bound = f"MemAvailable is {room.mem_available} bytes and no cgroup memory limit applies"
+        raise_it = "use a machine with more memory"
+    raise SharedMemoryError(
+        f"cannot reserve {nbytes} bytes of shared memory for {what}: only {room.available} "
+        f"bytes are available ({bound}). Remedy: {ask_less}, free memory, or {raise_it}.")
 
 
 def create_segment(nbytes, what="a ring slot"):
@@ -109,14 +274,9 @@ def create_segment(nbytes, what="a ring slot"):
     Raises
     ------
     SharedMemoryError
-        Naming the bytes asked for, the bytes available and a remedy.
+        From :func:`check_reservable`.
     """
-    avail = available_memory_bytes()
-    if avail is not None and nbytes > avail:
-        raise SharedMemoryError(
-            f"cannot reserve {nbytes} bytes of shared memory for {what}: only {avail} bytes "
-            f"are available (MemAvailable and the cgroup's memory limit). Remedy: lower "
-            f"batch_size or prefetch, free memory, or raise the container's memory limit.")
+    check_reservable(nbytes, what)
     return Segment.create(nbytes)
 
 
@@ -126,6 +286,17 @@ def create_segment(nbytes, what="a ring slot"):
 
 class _Ref(tuple):
     """Where one array of a batch lies in its slot: (offset, dtype, shape)."""
+
+    __slots__ = ()
+
+
+class _TensorRef(tuple):
+    """Where one torch tensor of a batch lies in its slot: (offset, dtype, shape, torch dtype name).
+
+    ``dtype`` is the NumPy type its memory is read as: for bfloat16 and the
+    other types NumPy lacks, the integer type of the same size.  A record that
+    holds one is rebuilt with torch (which is then imported, if need be).
+    """
 
     __slots__ = ()
 
@@ -142,10 +313,13 @@ class SlotWriter:
 
     ``alloc(shape, dtype)`` returns a writable array in the slot while there is
     room, and a private array once there is none; ``needed`` always says how
-    many bytes the whole batch took, so the owner can grow the slot.
+    many bytes the whole batch took, so the owner can grow the slot.  Arrays
+    whose dtype holds object references (object, StringDType, records with
+    object fields) cannot live in shared memory: alloc gives a private array
+    for them, and the record carries them by value (pickled), as a pipe would.
     """
 
-    __slots__ = ("segment", "capacity", "needed", "placed", "overflow")
+    __slots__ = ("segment", "capacity", "needed", "placed", "overflow", "_base")
 
     def __init__(self, segment, capacity):
         self.segment = segment
@@ -153,15 +327,24 @@ class SlotWriter:
         self.needed = 0
         self.placed = {}
         self.overflow = False
+        self._base = None
 
     def alloc(self, shape, dtype):
         dtype = np.dtype(dtype)
+        if dtype.hasobject:
+            # References mean nothing in another process (np.frombuffer
+            # refuses them too); encode() keeps such an array in the record.
+            return np.empty(shape, dtype)
         count = 1
         for d in shape:
             count *= d
         nbytes = count * dtype.itemsize
         if nbytes == 0:
-            return np.empty(shape, dtype)
+            # Nothing to place (and np.frombuffer refuses zero-size dtypes):
+            # the record describes it, and decode() makes an empty array.
+            arr = np.empty(shape, dtype)
+            self.placed[id(arr)] = (arr, 0)
+            return arr
         off = _align(self.needed)
         self.needed = off + nbytes
         if self.needed > self.capacity:
@@ -175,15 +358,18 @@ class SlotWriter:
         return arr
 
     def encode(self, batch):
-        """The layout record of ``batch``: its arrays placed in the slot (copied in
-        when a transform made them elsewhere) and replaced by _Ref markers."""
+        """The layout record of ``batch``: its arrays and tensors placed in the
+        slot (copied in when a transform made them elsewhere) and replaced by
+        _Ref/_TensorRef markers."""
         t = type(batch)
         if t is np.ndarray:
             hit = self.placed.get(id(batch))
             if hit is not None and hit[0] is batch:
                 return _Ref((hit[1], _dtype_record(batch.dtype), batch.shape))
-            if batch.dtype.hasobject or batch.size == 0:
+            if batch.dtype.hasobject:
                 return batch  # object references cannot live in shared memory
+            if batch.nbytes == 0:
+                return _Ref((0, _dtype_record(batch.dtype), batch.shape))
             dst = self.alloc(batch.shape, batch.dtype)
             off = self.placed[id(dst)][1]
             if not self.overflow:
@@ -199,7 +385,57 @@ class SlotWriter:
             return t(*[self.encode(b) for b in batch])
         if isinstance(batch, np.ndarray):
             return self.encode(np.asarray(batch))
+        if is_tensor(batch):
+            return self._encode_tensor(batch)
         return batch
+
+    def _encode_tensor(self, t):
+        dtype = self._tensor_dtype(t)
+        if dtype is None:
+            return t  # CUDA, sparse, quantized: carried by value, as a pipe would
+        shape = tuple(t.shape)
+        off = self._tensor_offset(t)
+        if off is None:
+            src = tensor_as_array(t)
+            if src.nbytes == 0:
+                off = 0
+            else:
+                dst = self.alloc(shape, dtype)
+                off = self.placed[id(dst)][1]
+                if not self.overflow:
+                    np.copyto(dst, src, casting="no")
+        return _TensorRef((off, _dtype_record(dtype), shape, torch_dtype_name(t.dtype)))
+
+    @staticmethod
+    def _tensor_dtype(t):
+        """The NumPy dtype a tensor's memory is read as; None for one that has
+        no plain memory in this process."""
+        if not t.is_cpu or t.layout is not torch_module().strided:
+            return None
+        try:
+            return tensor_dtype_info(t.dtype)[0]
+        except ValueError:
+            return None
+
+    def _tensor_offset(self, t):
+        """Where a tensor's memory lies in this batch's part of the slot, or None.
+
+        Found by its data pointer, not by id: collate's tensor is a new object
+        on the array alloc returned (and a transform may return a view of it).
+        """
+        if self._tensor_dtype(t) is None:
+            return None
+        nbytes = t.numel() * t.element_size()
+        if nbytes == 0:
+            return 0
+        if self.segment is None or not t.is_contiguous() or t.is_conj() or t.is_neg():
+            return None
+        if self._base is None:
+            self._base = self.segment.address
+        off = t.data_ptr() - self._base
+        if off < 0 or off + nbytes > min(self.needed, self.capacity) or off % t.element_size():
+            return None
+        return off
 
     def _signature(self, x):
         """A hashable key of the layout of a batch all of whose arrays are
@@ -216,6 +452,9 @@ class SlotWriter:
         if t is dict:
             parts = [(k, self._signature(v)) for k, v in x.items()]
             return None if any(p[1] is None for p in parts) else (t, tuple(parts))
+        if is_tensor(x):
+            off = self._tensor_offset(x)
+            return None if off is None else ("tensor", off, x.dtype, tuple(x.shape))
         return None
 
     def finish(self, batch):
@@ -249,6 +488,9 @@ COPY = 0       # fresh arrays owned by the caller
 VIEW = 1       # read-only views, valid until the slot is freed
 LEND = 2       # writable views: the caller owns the slot until it drops them
 
+#: What decode() and convert_output() make of array and tensor leaves (SPEC §10).
+OUTPUTS = (None, "numpy", "torch")
+
 #: Layout records decoded recently, by their bytes.
 _plans = {}
 
@@ -262,22 +504,26 @@ class _Leaf(int):
 class _Plan:
     """A decoded layout record: where each array lies, and the batch's structure."""
 
-    __slots__ = ("leaves", "tree", "flat", "cacheable")
+    __slots__ = ("leaves", "tree", "flat", "cacheable", "torch")
 
     def __init__(self, record):
         self.leaves = []
         self.cacheable = True
+        self.torch = False
         self.tree = self._compile(record)
         self.flat = type(self.tree) is tuple and all(type(x) is _Leaf for x in self.tree)
 
     def _compile(self, x):
         t = type(x)
-        if t is _Ref:
-            off, dtype, shape = x
+        if t is _Ref or t is _TensorRef:
+            off, dtype, shape = x[:3]
+            tname = x[3] if t is _TensorRef else None
+            self.torch = self.torch or tname is not None
+            dtype = np.dtype(dtype)
             count = 1
             for d in shape:
                 count *= d
-            self.leaves.append((off, np.dtype(dtype), shape, count))
+            self.leaves.append((off, dtype, shape, count, count * dtype.itemsize, tname))
             return _Leaf(len(self.leaves) - 1)
         if t is tuple:
             return tuple([self._compile(b) for b in x])
@@ -287,34 +533,191 @@ class _Plan:
             return {k: self._compile(v) for k, v in x.items()}
         if isinstance(x, tuple) and hasattr(t, "_fields"):
             return t(*[self._compile(b) for b in x])
-        # Values carried in the record itself (lists of strings, ...) must be
-        # fresh for every batch: such a plan is not reused.
+        # Values carried in the record itself (lists of strings, object
+        # arrays, ...) must be fresh for every batch: such a plan is not reused.
         self.cacheable = False
         return x
 
 
-def _fill(tree, arrays):
+def _fill(tree, arrays, read_only, output):
     t = type(tree)
     if t is _Leaf:
         return arrays[tree]
     if t is tuple:
-        return tuple([_fill(b, arrays) for b in tree])
+        return tuple([_fill(b, arrays, read_only, output) for b in tree])
     if t is list:
-        return [_fill(b, arrays) for b in tree]
+        return [_fill(b, arrays, read_only, output) for b in tree]
     if t is dict:
-        return {k: _fill(v, arrays) for k, v in tree.items()}
+        return {k: _fill(v, arrays, read_only, output) for k, v in tree.items()}
     if isinstance(tree, tuple) and hasattr(t, "_fields"):
-        return t(*[_fill(b, arrays) for b in tree])
-    return tree
+        return t(*[_fill(b, arrays, read_only, output) for b in tree])
+    # A value carried in the record (fresh: the plan is not cached).  Its
+    # arrays follow the mode's promise too, as the pipe path's do.
+    if read_only and type(tree) is np.ndarray:
+        tree.flags.writeable = False
+    return _convert_leaf(tree, output) if output is not None else tree
 
 
-def decode(segment, meta_off, meta_len, mode=COPY, out_pool=None):
+def _load_torch():
+    """torch, imported now if need be: a record with tensors (or output="torch")
+    cannot be honoured without it."""
+    mod = torch_module()
+    if mod is None:
+        import torch as mod  # noqa: F401
+        torch_module()
+    return mod
+
+
+def _check_output(output):
+    if output not in OUTPUTS:
+        raise ValueError(f"output must be None, 'numpy' or 'torch', got {output!r}")
+
+
+def _tensor_to_numpy(t):
+    """A tensor as a NumPy array: on its memory where NumPy has its dtype.
+
+    NumPy has no bfloat16, float8 or complex32: those become float32 (the
+    floating types) or complex64 (complex32), a copy; the sub-byte and bits
+    types give their raw integers.
+    """
+    view = tensor_dtype_info(t.dtype)[1]
+    if view is None:
+        return t.numpy(force=True)
+    torch = torch_module()
+    try:
+        if t.is_complex():
+            return t.to(torch.complex64).numpy(force=True)
+        if t.is_floating_point():
+            return t.to(torch.float32).numpy(force=True)
+    except (RuntimeError, TypeError):  # a type torch cannot convert either
+        pass
+    return tensor_as_array(t.detach().cpu())
+
+
+def _convert_leaf(x, output):
+    if isinstance(x, np.ndarray):
+        if output == "torch" and torch_holds(x.dtype):
+            if any(s < 0 for s in x.strides):
+                x = x.copy()  # torch has no negative strides
+            return array_as_tensor(x)
+        return x
+    if output == "numpy" and is_tensor(x):
+        return _tensor_to_numpy(x)
+    return x
+
+
+def _convert(x, output):
+    t = type(x)
+    if t is tuple:
+        return tuple([_convert(b, output) for b in x])
+    if t is list:
+        return [_convert(b, output) for b in x]
+    if t is dict:
+        return {k: _convert(v, output) for k, v in x.items()}
+    if isinstance(x, tuple):
+        items = [_convert(b, output) for b in x]
+        return t(*items) if hasattr(t, "_fields") else tuple(items)
+    if isinstance(x, list):
+        return [_convert(b, output) for b in x]
+    if isinstance(x, dict):
+        try:
+            return t({k: _convert(v, output) for k, v in x.items()})
+        except TypeError:  # a mapping type that cannot be built from a dict
+            return {k: _convert(v, output) for k, v in x.items()}
+    return _convert_leaf(x, output)
+
+
+def convert_output(batch, output):
+    """Apply the loader's ``output`` rule (SPEC §10) to a batch already in memory.
+
+    For batches that did not come from a ring slot (``num_workers=0``, or
+    sent through a pipe); :func:`decode` applies the same rule to slot
+    batches.  Tuples, lists, dicts and namedtuples keep their type.
+
+    Parameters
+    ----------
+    batch : object
+        A batch as collate (or a ``collate_fn`` and transforms) made it.
+    output : None, "numpy" or "torch"
+        None: returned unchanged.  "numpy": torch tensors become NumPy arrays
+        (on their memory; bfloat16 and the float8 types become float32 and
+        complex32 complex64, copies, since NumPy lacks them).  "torch": every
+        NumPy array of a type torch holds becomes a tensor on its memory
+        (``torch.from_numpy``, no copy), so numbers collated to
+        int64/float64/bool arrays become tensors of those dtypes, as with
+        torch's ``default_collate``; arrays torch cannot hold (object,
+        datetime, strings, records, non-native byte order) stay NumPy, and
+        other leaves (lists of strings, ...) are kept.
+
+    Raises
+    ------
+    ValueError
+        When ``output`` is none of those, naming it.
+
+    Examples
+    --------
+    >>> convert_output({"x": np.zeros((2, 3), np.float32), "name": ["a", "b"]}, "torch")
+    {'x': tensor([[0., 0., 0.],
+            [0., 0., 0.]]), 'name': ['a', 'b']}
+    """
+    _check_output(output)
+    if output is None:
+        return batch
+    if output == "torch":
+        _load_torch()
+    return _convert(batch, output)
+
+
+def _leaf_output(arr, tname, output):
+    """One leaf of a slot batch per ``output``: ``arr`` holds its memory, and
+    ``tname`` names the torch dtype where the batch had a tensor there."""
+    if tname is None:
+        return _convert_leaf(arr, output) if output == "torch" else arr
+    tdtype = torch_dtype(tname)
+    if output == "numpy":
+        if tensor_dtype_info(tdtype)[1] is None:
+            return arr
+        return _tensor_to_numpy(array_as_tensor(arr, tdtype))
+    return array_as_tensor(arr, tdtype)
+
+
+def decode(segment, meta_off, meta_len, mode=COPY, out_pool=None, output=None):
     """Rebuild a batch from its slot.
 
-    ``mode`` is COPY (arrays the caller owns, from ``out_pool`` when given),
-    VIEW (read-only views into the slot) or LEND (writable views: the caller
-    owns the slot's memory until it drops them).
+    Parameters
+    ----------
+    segment : Segment
+        The slot's region.
+    meta_off, meta_len : int
+        Where the layout record lies in it.
+    mode : COPY, VIEW or LEND
+        COPY: arrays the caller owns (from ``out_pool`` when given).  VIEW:
+        read-only views into the slot, valid until it is freed.  LEND:
+        writable views (the caller owns the slot's memory until it drops
+        them).
+    out_pool : OutputPool, optional
+        Where COPY takes its arrays.
+    output : None, "numpy" or "torch"
+        None: a leaf that was a torch tensor in the worker is a tensor again,
+        the others are NumPy arrays.  "numpy": tensors too are NumPy arrays
+        (bfloat16 and the float8 types as float32, complex32 as complex64:
+        copies, since NumPy lacks them).  "torch": every array of a type
+        torch holds is a tensor too (see :func:`convert_output`).  Tensors
+        are made on the memory of the arrays the mode gives
+        (``torch.from_numpy``, no copy), with the same ownership: a tensor
+        from VIEW lies in the slot and must not be written (torch has no
+        read-only tensors).
+
+    Torch is imported here only when the record holds a tensor (then it is
+    needed to rebuild it) or ``output="torch"``.
+
+    Raises
+    ------
+    ValueError
+        For an unknown ``output``, naming it.
     """
+    if output is not None:
+        _check_output(output)
     raw = bytes(memoryview(segment)[meta_off:meta_off + meta_len])
     plan = _plans.get(raw)
     if plan is None:
@@ -323,20 +726,29 @@ def decode(segment, meta_off, meta_len, mode=COPY, out_pool=None):
             if len(_plans) >= _PLAN_CACHE_ENTRIES:
                 _plans.clear()
             _plans[raw] = plan
+    convert = plan.torch or output == "torch"
+    if convert:
+        _load_torch()
     arrays = []
-    for off, dtype, shape, count in plan.leaves:
-        view = np.frombuffer(segment, dtype, count, off).reshape(shape)
-        if mode == COPY:
+    for off, dtype, shape, count, nbytes, tname in plan.leaves:
+        if nbytes == 0:
+            out = np.empty(shape, dtype)
+            if mode == VIEW:
+                out.flags.writeable = False
+        elif mode == COPY:
+            view = np.frombuffer(segment, dtype, count, off).reshape(shape)
             out = out_pool.take(shape, dtype) if out_pool is not None else np.empty(shape, dtype)
             np.copyto(out, view)
-            arrays.append(out)
         else:
+            out = np.frombuffer(segment, dtype, count, off).reshape(shape)
             if mode == VIEW:
-                view.flags.writeable = False
-            arrays.append(view)
+                out.flags.writeable = False
+        if convert:
+            out = _leaf_output(out, tname, output)
+        arrays.append(out)
     if plan.flat:
         return tuple(arrays)
-    return _fill(plan.tree, arrays)
+    return _fill(plan.tree, arrays, mode == VIEW, output)
 
 
 class OutputPool:
@@ -434,12 +846,8 @@ class SharedBatchRingBuffer:
         if isinstance(slot_bytes, bool) or not isinstance(slot_bytes, int) or slot_bytes < 0:
             raise ValueError(f"slot_bytes must be a non-negative int, got {slot_bytes!r}")
         total = round_slot_bytes(slot_bytes) * num_slots if slot_bytes else 0
-        avail = available_memory_bytes()
-        if avail is not None and total > avail:
-            raise SharedMemoryError(
-                f"cannot reserve {total} bytes of shared memory for a ring of {num_slots} "
-                f"slots of {slot_bytes} bytes: only {avail} bytes are available. Remedy: "
-                f"use fewer or smaller slots, free memory, or raise the container's memory limit.")
+        check_reservable(total, f"a ring of {num_slots} slots of {slot_bytes} bytes",
+                         "use fewer or smaller slots (lower batch_size or prefetch)")
         # Task queues (the loader's: one per worker) hold slot entries; a
         # worker never has more than every slot plus a remap of each queued.
         qcap = 2 * num_slots + 8 if task_queues else 0
