@@ -67,7 +67,11 @@ NUM_CLASSES = 10
 IMAGENET_MEAN = np.array([123.675, 116.28, 103.53], np.float32)
 IMAGENET_STD = np.array([58.395, 57.12, 57.375], np.float32)
 
-SCENARIOS = ("big", "small", "aug")
+#: big_t and small_t: big and small with torch tensors in the dataset (a
+#: TensorDataset built with torch.randn/torch.randint), through the PyTorch
+#: face and PyTorch's own loaders.
+SCENARIOS = ("big", "small", "aug", "big_t", "small_t")
+TORCH_SCENARIOS = ("big_t", "small_t")
 #: Seed of our loader's order and of the data; peers draw their own orders.
 SEED = 0
 #: The memcpy limit: at least this many copies and this long, then the median.
@@ -168,14 +172,18 @@ class FusedAugDataset(AugDataset):
 
 
 class Scenario:
-    """The datasets of one scenario and a reference batch for the memcpy limit."""
+    """The datasets of one scenario and the arrays of the memcpy limit."""
 
-    def __init__(self, name, batch_size, datasets, ref_batch, unit):
+    def __init__(self, name, batch_size, datasets, ref_batch, unit, source=None):
         self.name = name
         self.batch_size = batch_size
         self.datasets = datasets       # kind -> dataset; "plain" is the peers' one
         self.ref_batch = ref_batch     # tuple of C-contiguous arrays shaped like one batch
         self.unit = unit               # what the chart plots: "GB/s" or "batches/s"
+        # The dataset's own arrays (NumPy views of them for tensors): the
+        # memcpy limit of SPEC section 9 copies a shuffled epoch out of them.
+        self.source = source
+        self.torch = name in TORCH_SCENARIOS
 
 
 def _filled(rng, shape, dtype):
@@ -207,7 +215,8 @@ def make_scenario(name, rng=None, n=None):
         data = _filled(rng, (n,) + BIG_SAMPLE, np.float32)
         labels = rng.integers(0, NUM_CLASSES, n)
         ref = (data[:BIG_BATCH].copy(), labels[:BIG_BATCH].copy())
-        return Scenario(name, BIG_BATCH, {"plain": ViewDataset(data, labels)}, ref, "GB/s")
+        return Scenario(name, BIG_BATCH, {"plain": ViewDataset(data, labels)}, ref, "GB/s",
+                        source=(data, labels))
     if name == "small":
         n = SMALL_SAMPLES if n is None else n
         data = _filled(rng, (n,) + SMALL_SAMPLE, np.uint8)
@@ -215,7 +224,28 @@ def make_scenario(name, rng=None, n=None):
         ref = (data[:SMALL_BATCH].copy(), labels[:SMALL_BATCH].copy())
         return Scenario(name, SMALL_BATCH, {"plain": ViewDataset(data, labels),
                                             "ArrayDataset": ArrayDataset(data, labels)},
-                        ref, "batches/s")
+                        ref, "batches/s", source=(data, labels))
+    if name in TORCH_SCENARIOS:
+        import torch
+        big = name == "big_t"
+        n = (BIG_SAMPLES if big else SMALL_SAMPLES) if n is None else n
+        shape = BIG_SAMPLE if big else SMALL_SAMPLE
+        batch = BIG_BATCH if big else SMALL_BATCH
+        gen = torch.Generator().manual_seed(SEED)
+        data = torch.empty((n,) + shape, dtype=torch.float32 if big else torch.uint8)
+        period = min(n, _FILL_PERIOD)
+        block = (torch.randn((period,) + shape, generator=gen) if big else
+                 torch.randint(0, 256, (period,) + shape, generator=gen, dtype=torch.uint8))
+        for start in range(0, n, period):  # rows repeat: every page touched, quickly
+            stop = min(start + period, n)
+            data[start:stop] = block[:stop - start]
+        labels = torch.randint(0, NUM_CLASSES, (n,), generator=gen)
+        ref = (data[:batch].numpy().copy(), labels[:batch].numpy().copy())
+        return Scenario(name, batch, {"plain": torch.utils.data.TensorDataset(data, labels),
+                                      # The same memory as NumPy: the NumPy face's figure.
+                                      "numpy": ViewDataset(data.numpy(), labels.numpy())},
+                        ref, "GB/s" if big else "batches/s",
+                        source=(data.numpy(), labels.numpy()))
     if name == "aug":
         n = AUG_SAMPLES if n is None else n
         images = _filled(rng, (n,) + AUG_IMAGE, np.uint8)
@@ -273,6 +303,25 @@ def memcpy_limit(ref_batch):
         times.append(time.perf_counter() - t0)
     med = statistics.median(times)
     return nbytes / med / 1e9, 1.0 / med
+
+
+def memcpy_epoch_limit(source, batch_size, seed=SEED):
+    """(GB/s, batches/s) of SPEC section 9's memcpy limit: one thread copying every
+    sample of a shuffled epoch once, from the dataset's arrays into a reused batch
+    buffer (``np.take`` into it: one copy per row, no allocation)."""
+    n = len(source[0])
+    order = np.random.default_rng(seed).permutation(n)
+    bufs = [np.empty((batch_size,) + a.shape[1:], a.dtype) for a in source]
+    nbytes = 0
+    t0 = time.perf_counter()
+    for start in range(0, n, batch_size):
+        idx = order[start:start + batch_size]
+        for a, buf in zip(source, bufs):
+            out = buf[:len(idx)]
+            np.take(a, idx, axis=0, out=out)
+            nbytes += out.nbytes
+    seconds = time.perf_counter() - t0
+    return nbytes / seconds / 1e9, -(-n // batch_size) / seconds
 
 
 def run_epochs(loader, epochs, memory=False):
@@ -349,7 +398,42 @@ def _import_peers():
         peers["netcl"] = ndl
     except Exception as exc:
         skipped["netcl"] = f"{type(exc).__name__}: {exc}"
+    try:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+        peers["torchdata"] = StatefulDataLoader
+    except Exception as exc:
+        skipped["torchdata"] = f"{type(exc).__name__}: {exc}"
+    try:
+        import logging
+        logging.getLogger("absl").setLevel(logging.ERROR)  # "no jax profiler" noise
+        import grain
+        peers["grain"] = grain
+    except Exception as exc:
+        skipped["grain"] = f"{type(exc).__name__}: {exc}"
     return peers, skipped
+
+
+class GrainLoader:
+    """Grain's Dataset API as a loader with epochs: one persistent iterator
+    (``mp_prefetch`` keeps its worker processes), an epoch is ``len`` batches of it."""
+
+    def __init__(self, grain, ds, batch_size, num_workers):
+        self.batches = -(-len(ds) // batch_size)
+        data = (grain.MapDataset.source(ds).repeat(None).shuffle(seed=SEED)
+                .batch(batch_size, drop_remainder=False).to_iter_dataset())
+        if num_workers > 0:
+            data = data.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))
+        self._it = iter(data)
+
+    def __iter__(self):
+        for _ in range(self.batches):
+            yield next(self._it)
+
+    def close(self):
+        it, self._it = self._it, None
+        close = getattr(it, "close", None) or getattr(it, "__del__", None)
+        if callable(close):
+            close()
 
 
 def _version(dist):
@@ -383,6 +467,8 @@ def loader_specs(scenario, num_workers, peers):
     """The loader variants run for ``scenario`` at ``num_workers``."""
     from netcl_loader import DataLoader
 
+    if scenario.torch:
+        return torch_loader_specs(num_workers, peers)
     specs = []
     for kind in scenario.datasets:
         name = "ours" if kind == "plain" else f"ours {kind}"
@@ -413,6 +499,46 @@ def loader_specs(scenario, num_workers, peers):
                 lambda ds, b, w: ndl.DataLoader(ds, batch_size=b, shuffle=True, num_workers=w,
                                                 seed=SEED, use_shared_mem=True),
                 _close_netcl))
+    if "grain" in peers:
+        grain = peers["grain"]
+        specs.append(LoaderSpec(
+            "grain", "grain", "plain",
+            lambda ds, b, w: GrainLoader(grain, ds, b, w), _close_netcl))
+    return specs
+
+
+def torch_loader_specs(num_workers, peers):
+    """big_t/small_t: the PyTorch face and PyTorch's loaders on a TensorDataset, and
+    the NumPy face on the same memory; persistent workers everywhere."""
+    from netcl_loader import DataLoader
+    from netcl_loader.torch import DataLoader as TorchFaceLoader
+
+    pw = num_workers > 0
+    specs = [
+        LoaderSpec("ours torch face", "ours", "plain",
+                   lambda ds, b, w: TorchFaceLoader(ds, batch_size=b, shuffle=True,
+                                                    num_workers=w, persistent_workers=pw,
+                                                    seed=SEED),
+                   _close_ours, memory=True),
+        LoaderSpec("ours numpy face", "ours", "numpy",
+                   lambda ds, b, w: DataLoader(ds, batch_size=b, shuffle=True, num_workers=w,
+                                               seed=SEED),
+                   _close_ours, memory=True),
+    ]
+    if "torch" in peers:
+        tud = peers["torch"]
+        specs.append(LoaderSpec(
+            "torch", "torch", "plain",
+            lambda ds, b, w: tud.DataLoader(ds, batch_size=b, shuffle=True, num_workers=w,
+                                            persistent_workers=pw),
+            _close_torch))
+    if "torchdata" in peers:
+        sdl = peers["torchdata"]
+        specs.append(LoaderSpec(
+            "torchdata", "torchdata", "plain",
+            lambda ds, b, w: sdl(ds, batch_size=b, shuffle=True, num_workers=w,
+                                 persistent_workers=pw),
+            _close_torch))
     return specs
 
 
@@ -468,16 +594,32 @@ def _fmt(x, digits=2):
     return f"{x:.{digits}f}"
 
 
-def results_table(results, memcpy, scenarios, workers):
+def limit_gbps(memcpy, memcpy_epoch, sc):
+    """The memcpy limit of a scenario in GB/s: SPEC section 9's (a shuffled epoch
+    copied once) where the scenario has a source array, else the one-batch copy."""
+    for table in (memcpy_epoch or {}, memcpy):
+        if table.get(sc):
+            return statistics.median(m[0] for m in table[sc])
+    return None
+
+
+def results_table(results, memcpy, scenarios, workers, memcpy_epoch=None):
     """The markdown table of medians and ratios."""
     lines = ["| scenario | loader | workers | GB/s | batches/s | x torch | x memcpy | "
              "start ms | spread |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for sc in scenarios:
+        limit = limit_gbps(memcpy, memcpy_epoch, sc)
+        if memcpy_epoch and memcpy_epoch.get(sc):
+            g = statistics.median(m[0] for m in memcpy_epoch[sc])
+            b = statistics.median(m[1] for m in memcpy_epoch[sc])
+            lines.append(f"| {sc} | memcpy limit (epoch) | - | {_fmt(g)} | {_fmt(b)} | | 1.00 "
+                         f"| | |")
         if memcpy.get(sc):
             g = statistics.median(m[0] for m in memcpy[sc])
             b = statistics.median(m[1] for m in memcpy[sc])
-            lines.append(f"| {sc} | memcpy limit | - | {_fmt(g)} | {_fmt(b)} | | 1.00 | | |")
+            lines.append(f"| {sc} | memcpy 1 batch (in L3) | - | {_fmt(g)} | {_fmt(b)} | | "
+                         f"{_fmt(g / limit)} | | |")
         for w in workers:
             torch = results.get((sc, "torch", w), {}).get("summary")
             for (s, label, ww), res in results.items():
@@ -489,8 +631,7 @@ def results_table(results, memcpy, scenarios, workers):
                                  f"| | | | | |")
                     continue
                 x_torch = summ["gbps"] / torch["gbps"] if torch else None
-                x_mem = (summ["gbps"] / statistics.median(m[0] for m in memcpy[sc])
-                         if memcpy.get(sc) else None)
+                x_mem = summ["gbps"] / limit if limit else None
                 lines.append(
                     f"| {sc} | {label} | {w} | {_fmt(summ['gbps'])} | "
                     f"{_fmt(summ['batches_per_s'])} | {_fmt(x_torch)} | {_fmt(x_mem)} | "
@@ -562,7 +703,7 @@ def write_chart(path, results, memcpy, scenarios, workers, unit_of):
                 ax.plot(xs, ys, style, marker="o", label=label, color=colour[label])
         if memcpy.get(sc):
             limit = statistics.median(m[0 if unit == "GB/s" else 1] for m in memcpy[sc])
-            ax.axhline(limit, color="black", linestyle=":", label="memcpy limit (1 thread)")
+            ax.axhline(limit, color="black", linestyle=":", label="memcpy limit (SPEC 9)")
         ax.set_title(f"{sc}: batch {SCENARIO_BATCH[sc]}")
         ax.set_xlabel("num_workers")
         ax.set_ylabel(unit)
@@ -580,7 +721,8 @@ def write_chart(path, results, memcpy, scenarios, workers, unit_of):
     return True
 
 
-SCENARIO_BATCH = {"big": BIG_BATCH, "small": SMALL_BATCH, "aug": AUG_BATCH}
+SCENARIO_BATCH = {"big": BIG_BATCH, "small": SMALL_BATCH, "aug": AUG_BATCH,
+                  "big_t": BIG_BATCH, "small_t": SMALL_BATCH}
 
 
 # --------------------------------------------------------------------------
@@ -640,7 +782,7 @@ def main(argv=None):
           f"{args.repeats} repeats")
     print(f"# {platform.platform()}, Python {platform.python_version()}, numpy {np.__version__}, "
           f"{os.cpu_count()} CPUs" + "".join(
-              f", {name} {_version(name)}" for name in ("torch", "netcl") if name in peers)
+              f", {name} {_version(name)}" for name in ("torch", "netcl", "torchdata", "grain") if name in peers)
           + (f" ({sys.modules['torch'].get_num_threads()} intra-op threads)" if "torch" in peers
              else ""))
     for name, why in skipped.items():
@@ -653,13 +795,16 @@ def main(argv=None):
         print(f"# built {name} in {time.perf_counter() - t0:.1f} s", flush=True)
 
     results = {}   # (scenario, label, workers) -> {"records": [...], "error", "stray"}
-    memcpy = {name: [] for name in args.scenarios}
+    memcpy = {name: [] for name in args.scenarios}        # one batch again and again (L3)
+    memcpy_epoch = {name: [] for name in args.scenarios}  # SPEC section 9's limit
     failed_ours = False
     for rep in range(args.repeats):
         for name, sc in scenarios.items():
             for w in args.workers:
                 # Sampled next to the runs it is compared with, as the load drifts.
                 memcpy[name].append(memcpy_limit(sc.ref_batch))
+                if sc.source is not None:
+                    memcpy_epoch[name].append(memcpy_epoch_limit(sc.source, sc.batch_size))
                 specs = loader_specs(sc, w, peers)
                 k = rep % len(specs)
                 for spec in specs[k:] + specs[:k]:   # rotate: nobody always runs first
@@ -710,7 +855,7 @@ def main(argv=None):
                            for recs in res["runs"]])
     mem_rows = memory_rows(flat_runs)
 
-    table = results_table(results, memcpy, args.scenarios, args.workers)
+    table = results_table(results, memcpy, args.scenarios, args.workers, memcpy_epoch)
     print()
     print(table)
     print()
@@ -734,7 +879,8 @@ def main(argv=None):
 
     unit_of = {name: sc.unit for name, sc in scenarios.items()}
     if args.png:
-        if write_chart(args.png, results, memcpy, args.scenarios, args.workers, unit_of):
+        limits = {k: memcpy_epoch[k] or memcpy[k] for k in memcpy}
+        if write_chart(args.png, results, limits, args.scenarios, args.workers, unit_of):
             print(f"chart: {args.png}")
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
@@ -745,6 +891,8 @@ def main(argv=None):
             "skipped": skipped,
             "memcpy": {k: [{"gbps": g, "batches_per_s": b} for g, b in v]
                        for k, v in memcpy.items()},
+            "memcpy_epoch": {k: [{"gbps": g, "batches_per_s": b} for g, b in v]
+                             for k, v in memcpy_epoch.items()},
             "results": [{"scenario": s, "loader": label, "workers": w, **res}
                         for (s, label, w), res in results.items()],
             "memory": mem_rows,

@@ -6,15 +6,15 @@ import pickle
 import random
 import select
 import signal
-import struct
 import sys
 import threading
-import traceback
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from ._collate import collate
+from ._protocol import (BATCH, END, ENTRY_KIND_MASK, ENTRY_PIPED_TASK, ENTRY_REMAP, ENTRY_SLOT_MASK,
+                        ENTRY_STOP, ERROR, FLAG_PICKLED_INDICES, TASK_HEADER, Result, error_record)
 from ._ring import CANCELLED, PIPED, READY
 from .shared_batch import SlotWriter
 
@@ -28,22 +28,6 @@ IDLE_WAIT_MS = 500
 PARENT_CHECK_SECONDS = 0.25
 #: prctl option: a signal for this process when its parent thread dies (Linux).
 _PR_SET_PDEATHSIG = 1
-
-# Entries of a worker's task queue: a kind in the top byte, a slot below.
-ENTRY_KIND_MASK = 0xFF000000
-ENTRY_SLOT_MASK = 0x00FFFFFF
-ENTRY_TASK = 0 << 24          # the task is in the slot's header and index area
-ENTRY_PIPED_TASK = 1 << 24    # the task message waits on the worker's pipe
-ENTRY_REMAP = 2 << 24         # a new region for the slot waits on the pipe
-ENTRY_STOP = 3 << 24
-
-# Messages on a worker's pipe: a fixed header, then a payload.
-# kind, flags, token, seq (or bytes for a remap), slot, epoch
-TASK_HEADER = struct.Struct("<BBxxIQII")
-KIND_TASK = 1
-KIND_REMAP = 2
-FLAG_PICKLED_INDICES = 1  # indices are not all ints: the payload is a pickle
-
 
 class WorkerInfo(NamedTuple):
     """What a worker process knows about itself (``get_worker_info()``).
@@ -341,43 +325,6 @@ def build_batch(dataset, indices, collate_fn, transforms, alloc):
                       "worker", 0, None).make(indices, alloc)
 
 
-class _KeyErrorMessage(str):
-    """KeyError quotes its argument; this keeps the traceback readable."""
-
-    def __repr__(self):
-        return self
-
-
-def error_record(exc, indices, worker_id):
-    """A picklable description of an exception raised while loading a batch."""
-    try:
-        exc_type = pickle.loads(pickle.dumps(type(exc)))
-    except Exception:
-        exc_type = None
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    idx = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
-    return (exc_type, type(exc).__qualname__, tb, idx, worker_id, os.getpid())
-
-
-def rebuild_error(record):
-    """The exception to raise in the main process for a worker's error record."""
-    exc_type, name, tb, indices, worker_id, pid = record
-    where = "the main process" if worker_id is None else f"DataLoader worker {worker_id} (pid {pid})"
-    shown = indices if len(indices) <= 16 else indices[:16] + ["..."]
-    msg = (f"Caught {name} in {where} while loading the batch of dataset indices {shown}.\n"
-           f"Original traceback:\n{tb}")
-    if exc_type is not None:
-        if exc_type is KeyError:
-            msg = _KeyErrorMessage(msg)
-        try:
-            exc = exc_type(msg)
-            if isinstance(exc, BaseException):
-                return exc
-        except Exception:
-            pass
-    return RuntimeError(msg)
-
-
 class WorkerConfig(NamedTuple):
     """Everything a worker needs to make batches, fixed for the life of the pool."""
 
@@ -506,11 +453,11 @@ def worker_loop(config, conn, ring, lifeline):
                     header.publish(slot, READY)
                     continue
                 needed = writer.needed
-            payload = ("batch", token, seq, batch)
+            payload = Result(BATCH, token, seq, batch)
         except StreamEnd:
-            payload = ("end", token, seq, None)
+            payload = Result(END, token, seq, None)
         except Exception as exc:
-            payload = ("error", token, seq, error_record(exc, indices, worker_id))
+            payload = Result(ERROR, token, seq, error_record(exc, indices, worker_id))
         # Publish first, then send: a large payload blocks in send until the
         # main process, woken by the publish, reads it.
         header.set_result(slot, 0, 0, 0, needed)
@@ -520,4 +467,4 @@ def worker_loop(config, conn, ring, lifeline):
         except (EOFError, OSError):
             return
         except Exception as exc:  # the batch does not pickle
-            conn.send(("error", token, seq, error_record(exc, indices, worker_id)))
+            conn.send(Result(ERROR, token, seq, error_record(exc, indices, worker_id)))

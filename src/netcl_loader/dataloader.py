@@ -1,172 +1,43 @@
-"""DataLoader: batches from a map-style dataset, made by a persistent pool of worker processes."""
+"""DataLoader: batches from a dataset, made by a persistent pool of worker processes.
+
+The flow (each step in the module named)::
+
+    DataLoader.__iter__ ──> EpochIterator (_epoch): the epoch's order (_order)
+        │  task: (token, batch number, epoch, indices) + a free slot, on the
+        │  worker's queue in the ring header (_pool, _protocol)
+        ▼
+    worker_loop (_worker): fetch samples, collate them straight into the slot
+        │  (_collate, nogil memcpy), transforms, publish READY (or PIPED: the
+        │  batch follows by pipe)
+        ▼
+    EpochIterator.__next__: wait for the slot, decode the batch from it
+        (shared_batch), hand it over; the slot is freed by its lease.
+
+This module holds the face: arguments, order and resume state, GPU binding
+and the pool's lifetime.
+"""
 from __future__ import annotations
 
 import multiprocessing
 import numbers
-import os
-import pickle
-import signal
 import sys
-import threading
 import time
 import warnings
 import weakref
-from dataclasses import asdict, dataclass
 
-import numpy as np
-
-from ._ring import ASSIGNED, CANCELLED, FREE, PIPED, READY
-from ._worker import (ENTRY_PIPED_TASK, ENTRY_REMAP, ENTRY_STOP, ENTRY_TASK,
-                      FLAG_PICKLED_INDICES, KIND_REMAP, KIND_TASK, TASK_HEADER, WORKER_SEEDINGS,
-                      BatchMaker, Lifeline, RngStates, StreamEnd, WorkerConfig, rebuild_error,
-                      worker_loop)
-from .shared_batch import (COPY, LEND, VIEW, WAIT_SLICE_MS, OutputPool, SharedBatchRingBuffer,
-                           convert_output, decode)
+from ._epoch import EpochIterator
+from ._options import (_BATCH_SIZE_DEFAULT, _DROP_LAST_DEFAULT, _SHUFFLE_DEFAULT, OUTPUTS,
+                       _Default, check_callable, check_positive_int, is_iterable_dataset,
+                       pinning_available, seed_from)
+from ._order import (STATE_VERSION, check_state, global_order, group, index_batches,
+                     length_or_none, local_order, num_batches, shard_length)
+from ._pool import Pool, WorkerError
+from ._stats import LoaderStats
+from ._tree import map_leaves, tuples_to_lists
+from ._worker import WORKER_SEEDINGS, BatchMaker
+from .shared_batch import OutputPool, convert_output
 
 __all__ = ["DataLoader", "WorkerError", "LoaderStats"]
-
-#: Seconds a worker gets to exit after STOP before it is terminated, then killed.
-JOIN_SECONDS = 2.0
-#: Seconds between liveness checks of the workers while waiting for a batch.
-LIVENESS_CHECK_SECONDS = 0.05
-#: Headroom given to a slot that grows, so that slightly larger batches fit.
-SLOT_GROWTH = 1.25
-#: Slots whose memory may be lent to the caller at once (copy mode): a caller
-#: that keeps more batches than this gets copies instead, so prefetching
-#: never runs out of slots.
-MAX_LENT_SLOTS = 2
-#: State dict format.
-STATE_VERSION = 1
-#: Keys every state must have.
-_STATE_KEYS = ("version", "epoch", "batches_done", "extra_done", "seed", "dataset_len",
-               "batch_size", "drop_last", "shuffle", "world_size")
-
-
-class WorkerError(RuntimeError):
-    """A worker process died (signal, ``os._exit``, OOM kill); names its pid and signal or exit code."""
-
-    def __init__(self, message, pid=None, exitcode=None):
-        super().__init__(message)
-        self.pid = pid
-        self.exitcode = exitcode
-
-
-class _Default(int):
-    """A default value that remembers it was not passed (shows as its value)."""
-
-    def __repr__(self):
-        return self._shown
-
-    @classmethod
-    def make(cls, value, shown=None):
-        obj = cls(value)
-        obj._shown = shown if shown is not None else repr(value)
-        return obj
-
-
-_BATCH_SIZE_DEFAULT = _Default.make(32)
-_SHUFFLE_DEFAULT = _Default.make(1, "True")
-_DROP_LAST_DEFAULT = _Default.make(0, "False")
-
-
-@dataclass
-class LoaderStats:
-    """Counters of one DataLoader (``loader.stats``)."""
-
-    batches: int = 0
-    samples: int = 0
-    epochs: int = 0
-    wait_seconds: float = 0.0      # main process blocked waiting for batches
-    wall_seconds: float = 0.0      # from the first batch requested to the last one delivered
-    ring_slots: int = 0
-    ring_bytes: int = 0
-    piped_batches: int = 0         # batches that came through a pipe (too big for their slot, or use_shared_mem=False)
-    uploads: int = 0
-    upload_fallbacks: int = 0
-    worker_restarts: int = 0
-
-    @property
-    def wait_fraction(self):
-        """Share of wall time the main process waited for batches (1.0: the loader is the bottleneck)."""
-        return self.wait_seconds / self.wall_seconds if self.wall_seconds > 0 else 0.0
-
-    def as_dict(self):
-        d = asdict(self)
-        d["wait_fraction"] = self.wait_fraction
-        return d
-
-    def summary(self):
-        """One line for humans."""
-        verdict = ("the loader is the bottleneck" if self.wait_fraction > 0.5 else
-                   "the training step is the bottleneck")
-        return (f"{self.batches} batches ({self.samples} samples) in {self.epochs} epochs; "
-                f"waited {self.wait_seconds:.3f} s of {self.wall_seconds:.3f} s "
-                f"({100 * self.wait_fraction:.1f}%: {verdict}); ring {self.ring_slots} slots, "
-                f"{self.ring_bytes / 2**20:.1f} MiB; {self.piped_batches} piped; "
-                f"{self.uploads} uploads, {self.upload_fallbacks} fallbacks; "
-                f"{self.worker_restarts} worker restarts")
-
-    def __str__(self):
-        return self.summary()
-
-
-def check_positive_int(name, value, minimum=1):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
-        raise (TypeError if not isinstance(value, numbers.Integral) or isinstance(value, bool)
-               else ValueError)(f"{name} must be {what}, got {value!r}")
-    return int(value)
-
-
-def check_callable(name, value):
-    if value is not None and not callable(value):
-        raise TypeError(f"{name} must be callable or None, got {value!r} of type {type(value).__name__}")
-
-
-#: What batches are made of (SPEC section 10): None keeps tensors tensors and
-#: arrays arrays; "numpy" and "torch" turn every leaf into one kind.
-OUTPUTS = (None, "numpy", "torch")
-
-
-def is_iterable_dataset(dataset):
-    """True for an iterable-style dataset: ``__iter__`` and no usable ``__getitem__``.
-
-    An instance of ``torch.utils.data.IterableDataset`` counts as one (its
-    inherited ``__getitem__`` only raises); torch is consulted only if the
-    caller has imported it.
-    """
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        data = getattr(getattr(torch, "utils", None), "data", None)
-        base = getattr(data, "IterableDataset", None)
-        if base is not None and isinstance(dataset, base):
-            return True
-    return hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__")
-
-
-def _seed_from(generator):
-    """The base seed: drawn from ``generator`` (a torch.Generator) when given, else fresh."""
-    if generator is None:
-        return int(np.random.SeedSequence().entropy % (1 << 63))
-    torch = sys.modules.get("torch")
-    if torch is None or not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got {generator!r}")
-    # As PyTorch draws its base seed: one int64 from the generator.
-    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item()) & ((1 << 63) - 1)
-
-
-def _pinning_available(device):
-    """True where torch can page-lock memory for an accelerator (CUDA here)."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return False
-    try:
-        if device and not device.startswith("cuda"):
-            return False
-        return bool(torch.cuda.is_available())
-    except Exception:
-        return False
-
 
 class DataLoader:
     """Batches from a map-style dataset, made by a persistent pool of worker processes.
@@ -351,7 +222,7 @@ class DataLoader:
         check_callable("worker_init_fn", worker_init_fn)
         self._mp_context = self._resolve_context(multiprocessing_context)
         if seed is None:
-            seed = _seed_from(generator)
+            seed = seed_from(generator)
 
         self.dataset = dataset
         self.batch_size = batch_size if batch_sampler is None else None
@@ -377,7 +248,7 @@ class DataLoader:
         self.persistent_workers = bool(persistent_workers)
         self.generator = generator
         self.pin_memory_device = pin_memory_device
-        self.pin_memory = bool(pin_memory) and _pinning_available(pin_memory_device)
+        self.pin_memory = bool(pin_memory) and pinning_available(pin_memory_device)
         self.iterable = iterable
         self._distributed = world_size is not None and world_size > 1
         # Batches in the calling process (num_workers=0) are made by the same
@@ -444,22 +315,6 @@ class DataLoader:
         return self._stats
 
     # -- order -----------------------------------------------------------
-    def _global_order(self, epoch):
-        n = len(self.dataset)
-        if self.shuffle:
-            return np.random.default_rng([self.seed, epoch]).permutation(n).astype(np.int64)
-        return np.arange(n, dtype=np.int64)
-
-    def _local_order(self, epoch):
-        order = self._global_order(epoch)
-        if self._distributed:
-            ws, n = self.world_size, len(order)
-            total = (n // ws) * ws if self.drop_last else -(-n // ws) * ws
-            # Wrap-around padding (or truncation), as DistributedSampler does.
-            order = np.resize(order, total) if total else order[:0]
-            order = order[self.rank::ws]
-        return order
-
     def _batches(self, epoch):
         """An iterator over the index batches of one epoch: int64 arrays (lists
         from a sampler or batch sampler).  It holds no reference to the loader.
@@ -471,11 +326,10 @@ class DataLoader:
             self._forward_epoch(self.sampler, epoch)
             if not self._batched:
                 return ([i] for i in self.sampler)
-            return _group(iter(self.sampler), self.batch_size, self.drop_last)
-        order = self._local_order(epoch)
-        bs = 1 if self.batch_size is None else self.batch_size
-        stop = len(order) - len(order) % bs if self.drop_last else len(order)
-        return iter([order[start:start + bs] for start in range(0, stop, bs)])
+            return group(iter(self.sampler), self.batch_size, self.drop_last)
+        order = global_order(len(self.dataset), self.seed, epoch, self.shuffle)
+        order = local_order(order, self.rank, self.world_size, self.drop_last)
+        return iter(index_batches(order, self.batch_size, self.drop_last))
 
     def _forward_epoch(self, sampler, epoch):
         # Only once the caller has said which epoch it is (set_epoch or a
@@ -494,21 +348,14 @@ class DataLoader:
         it (TypeError when the dataset has no length).
         """
         if self.iterable:
-            n = len(self.dataset)
-            if self.batch_size is None:
-                return n
-            return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+            return num_batches(len(self.dataset), self.batch_size, self.drop_last)
         if self.batch_sampler is not None:
             return len(self.batch_sampler)
         if self.sampler is not None:
             n = len(self.sampler)
         else:
-            n = len(self.dataset)
-            if self._distributed:
-                n = n // self.world_size if self.drop_last else -(-n // self.world_size)
-        if self.batch_size is None:
-            return n
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+            n = shard_length(len(self.dataset), self.world_size, self.drop_last)
+        return num_batches(n, self.batch_size, self.drop_last)
 
     def set_epoch(self, epoch):
         """Set the epoch of the next iteration (it then counts up from there).
@@ -552,7 +399,7 @@ class DataLoader:
             epoch, prefix, extra = self._next_epoch, 0, []
         return {"version": STATE_VERSION, "epoch": int(epoch), "batches_done": int(prefix),
                 "extra_done": [int(x) for x in extra], "seed": self.seed,
-                "dataset_len": _length_or_none(self.dataset), "batch_size": self.batch_size,
+                "dataset_len": length_or_none(self.dataset), "batch_size": self.batch_size,
                 "drop_last": self.drop_last, "shuffle": self.shuffle,
                 "world_size": self.world_size, "rank": self.rank}
 
@@ -571,49 +418,20 @@ class DataLoader:
         same position, so a state saved by rank 0 resumes every rank.  A state
         with another seed restarts the worker pool (workers seed from it).
         """
-        if not isinstance(state, dict):
-            raise TypeError(f"state must be a dict from state_dict(), got {type(state).__name__}")
-        missing = [k for k in _STATE_KEYS if k not in state]
-        if missing:
-            raise ValueError(f"cannot resume: the state lacks {', '.join(map(repr, missing))}; "
-                             f"expected a dict from DataLoader.state_dict()")
-        if state["version"] != STATE_VERSION:
-            raise ValueError(f"cannot resume: state version {state['version']!r} is not "
-                             f"{STATE_VERSION}")
-        for key in ("epoch", "batches_done", "seed"):
-            value = state[key]
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-                raise ValueError(f"cannot resume: the state's {key} must be a non-negative int, "
-                                 f"got {value!r}")
-        extra_done = state["extra_done"]
-        if not isinstance(extra_done, (list, tuple)) or any(
-                isinstance(x, bool) or not isinstance(x, numbers.Integral) for x in extra_done):
-            raise ValueError(f"cannot resume: the state's extra_done must be a list of ints, "
-                             f"got {extra_done!r}")
-        mine = self.state_dict()
-        for key in ("dataset_len", "batch_size", "drop_last", "shuffle", "world_size"):
-            if state[key] != mine[key]:
-                raise ValueError(f"cannot resume: the state has {key}={state[key]!r} but this "
-                                 f"loader has {key}={mine[key]!r}")
-        prefix = int(state["batches_done"])
-        extra = set(int(x) for x in extra_done)
         try:
             n_batches = len(self)
         except TypeError:  # an iterable dataset without a length: resumed by replay
             n_batches = None
-        if n_batches is not None and not prefix <= n_batches:
-            raise ValueError(f"cannot resume: batches_done={prefix} is outside [0, {n_batches}]")
-        if extra and (self.iterable or any(not prefix < x < n_batches for x in extra)):
-            raise ValueError(f"cannot resume: extra_done={sorted(extra)} must lie in "
-                             f"({prefix}, {n_batches})")
+        epoch, prefix, extra, seed = check_state(state, self.state_dict(), n_batches,
+                                                 self.iterable)
         # Everything is checked: only now does anything change.
-        if int(state["seed"]) != self.seed:
-            self.seed = int(state["seed"])
-            self._maker.base_seed = self.seed
+        if seed != self.seed:
+            self.seed = seed
+            self._maker.base_seed = seed
             self._shutdown_pool()  # its workers seed from the old one
-        self._next_epoch = int(state["epoch"])
+        self._next_epoch = epoch
         self._epoch_from_caller = True
-        self._resume = (int(state["epoch"]), prefix, extra)
+        self._resume = (epoch, prefix, extra)
         self._stopped = None
 
     # -- GPU -------------------------------------------------------------------
@@ -669,7 +487,7 @@ class DataLoader:
         if self._pool is None:
             if self._pools_started:
                 self._stats.worker_restarts += 1
-            self._pool = _Pool(self)
+            self._pool = Pool(self)
             self._pool_dataset = self.dataset
             self._pools_started += 1
         return self._pool
@@ -698,11 +516,11 @@ class DataLoader:
         """The last touches on every yielded batch: PyTorch's structure (its face),
         and ``pin_memory=True`` with an accelerator: tensors in page-locked memory."""
         if self._tuples_as_lists and self.collate_fn is None:
-            batch = _tuples_to_lists(batch)
+            batch = tuples_to_lists(batch)
         if not self.pin_memory:
             return batch
         torch = sys.modules["torch"]
-        return _map_leaves(batch, lambda x: x.pin_memory() if isinstance(x, torch.Tensor) else x)
+        return map_leaves(batch, lambda x: x.pin_memory() if isinstance(x, torch.Tensor) else x)
 
     @property
     def worker_pids(self):
@@ -725,7 +543,7 @@ class DataLoader:
         it = self._take_prestarted(epoch) if not prefix and not extra else None
         if it is None:
             self._discard_prestarted()
-            it = _Iter(self, epoch, prefix, extra)
+            it = EpochIterator(self, epoch, prefix, extra)
         self._active = weakref.ref(it)
         return it
 
@@ -748,7 +566,7 @@ class DataLoader:
                 or self._next_epoch != epoch or self._pool is None or not self._pool.alive):
             return
         try:
-            it = _Iter(self, epoch, 0, set(), prestarted=True)
+            it = EpochIterator(self, epoch, 0, set(), prestarted=True)
         except Exception:
             return  # the same error comes back, in its place, at the next iter()
         # Until handed out, the iterator must not keep its loader alive: a loader
@@ -805,785 +623,8 @@ class DataLoader:
         raise TypeError("a DataLoader cannot be pickled: it owns processes and shared memory")
 
     def __repr__(self):
-        return (f"DataLoader({type(self.dataset).__name__} of {_length_or_none(self.dataset)}, "
+        return (f"DataLoader({type(self.dataset).__name__} of {length_or_none(self.dataset)}, "
                 f"batch_size={self.batch_size}, shuffle={self.shuffle}, num_workers={self.num_workers}, "
                 f"prefetch={self.prefetch}, seed={self.seed})")
 
 
-def _map_leaves(batch, fn):
-    """``batch`` with ``fn`` applied to each leaf (tuples, namedtuples, lists, dicts kept)."""
-    t = type(batch)
-    if t is tuple or t is list:
-        return t(_map_leaves(b, fn) for b in batch)
-    if t is dict:
-        return {k: _map_leaves(v, fn) for k, v in batch.items()}
-    if isinstance(batch, tuple) and hasattr(t, "_fields"):
-        return t(*[_map_leaves(b, fn) for b in batch])
-    if isinstance(batch, dict):
-        return t({k: _map_leaves(v, fn) for k, v in batch.items()})
-    return fn(batch)
-
-
-def _tuples_to_lists(batch):
-    t = type(batch)
-    if t is tuple or t is list:
-        return [_tuples_to_lists(b) for b in batch]
-    if t is dict:
-        return {k: _tuples_to_lists(v) for k, v in batch.items()}
-    if isinstance(batch, tuple) and hasattr(t, "_fields"):
-        return t(*[_tuples_to_lists(b) for b in batch])
-    return batch
-
-
-def _batch_len(batch):
-    """Samples in a batch: the length of its first array-like leaf (1 when there is none)."""
-    t = type(batch)
-    while t is tuple or t is list or t is dict or isinstance(batch, (tuple, list, dict)):
-        items = list(batch.values()) if isinstance(batch, dict) else list(batch)
-        if not items:
-            return 1
-        batch = items[0]
-        t = type(batch)
-    shape = getattr(batch, "shape", None)
-    return int(shape[0]) if shape else 1
-
-
-def _length_or_none(dataset):
-    try:
-        return len(dataset)
-    except TypeError:
-        return None
-
-
-def _group(indices, batch_size, drop_last):
-    """Index lists of ``batch_size`` from an iterator of indices."""
-    batch = []
-    for i in indices:
-        batch.append(i)
-        if len(batch) == batch_size:
-            yield batch
-            batch = []
-    if batch and not drop_last:
-        yield batch
-
-
-def _read_only(batch):
-    """``batch`` with read-only views in place of its arrays (the arrays themselves untouched)."""
-    def view(x):
-        if isinstance(x, np.ndarray):
-            x = x.view()
-            x.flags.writeable = False
-        return x
-    return _map_leaves(batch, view)
-
-
-def _describe_error(exc):
-    """``Type: message`` of an exception; pyopencl errors also name the routine and code."""
-    text = " ".join(str(a) for a in exc.args) if len(exc.args) > 1 else str(exc)
-    return f"{type(exc).__module__}.{type(exc).__qualname__}: {text}"
-
-
-def _describe_exit(wid, pid, code):
-    if code is not None and code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = "unknown signal"
-        return f"DataLoader worker {wid} (pid {pid}) was killed by signal {-code} ({name})"
-    return f"DataLoader worker {wid} (pid {pid}) exited unexpectedly with exit code {code}"
-
-
-#: Descriptors only the main process may hold (each pool's pipe ends and
-#: lifeline): a worker started by fork inherits them and shuts its copies, so
-#: that the main process's death is an EOF for every worker.
-_MAIN_ONLY_FDS = set()
-
-
-def _shutdown(procs, conns, header, lifeline):
-    """End worker processes: STOP, then the lifeline, then terminate, then kill; close the pipes."""
-    for wid in range(len(procs)):
-        header.push(wid, ENTRY_STOP)  # a full queue: the lifeline below ends it
-    deadline = time.monotonic() + JOIN_SECONDS
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    for c in conns + [lifeline]:
-        try:
-            _MAIN_ONLY_FDS.discard(c.fileno())
-        except (OSError, ValueError):
-            pass
-        try:
-            c.close()
-        except OSError:
-            pass
-    # The lifeline's EOF makes every worker still running exit at once.
-    for p in procs:
-        if p.exitcode is None:
-            p.join(0.5)
-        if p.exitcode is None:
-            p.terminate()
-            p.join(0.5)
-        if p.exitcode is None:
-            p.kill()
-            p.join(0.5)
-
-
-def _start_failed(exc, wid, method):
-    """Say, on the start error itself, which worker could not be started and why."""
-    if isinstance(exc, (pickle.PicklingError, TypeError, AttributeError)) and method != "fork":
-        why = (f"the dataset, collate_fn, transforms or worker_init_fn must be picklable to "
-               f"start workers with {method!r}: define them at module level, or use "
-               f"multiprocessing_context='fork' (Linux)")
-    elif isinstance(exc, (BlockingIOError, OSError)):
-        why = ("the system refused a new process (a limit on processes or memory); use fewer "
-               "num_workers or raise the limit")
-    else:
-        why = "see the error above"
-    note = f"netcl_loader: could not start DataLoader worker {wid} ({method}): {why}"
-    if hasattr(exc, "add_note"):
-        exc.add_note(note)
-    elif exc.args and isinstance(exc.args[0], str):
-        exc.args = (f"{exc.args[0]} ({note})",) + exc.args[1:]
-
-
-class _Pool:
-    """The worker processes and the ring they write into.
-
-    Ownership: the main process owns the ring's memory and the slot
-    assignment (it hands a free slot with each task, and frees slots as it
-    consumes them); workers only fill the slot they were given and publish it.
-    The main process alone holds the write end of the workers' lifeline: its
-    death (or this pool's close) is an EOF that ends every worker.
-    """
-
-    def __init__(self, loader):
-        # No reference to the loader: the loader owns the pool, and its
-        # collection must close the pool.
-        self.stats = loader._stats
-        self.use_shared_mem = loader.use_shared_mem
-        ctx = loader._mp_context
-        method = ctx.get_start_method()
-        nslots = loader.prefetch + 2
-        W = loader.num_workers
-        # A task's indices travel in the ring header: room for a batch of
-        # batch_size (batch samplers: up to 512); longer ones go by pipe.
-        per_task = loader.batch_size or (1 if loader.batch_sampler is None else 512)
-        self.ring = SharedBatchRingBuffer(nslots, 0, task_queues=W, index_bytes=8 * (per_task + 1))
-        self.header = self.ring.header
-        self.free = list(range(nslots - 1, -1, -1))
-        self.slot_task = [None] * nslots      # (token, seq, worker id) of an assigned slot
-        self.slot_need = 0                    # bytes a slot should hold, learnt from batches
-        self.stash = {}                       # (token, seq) -> payload received early
-        self.lent = {}                        # slot -> refcount of its region when lent
-        self.procs, self.conns = [], []
-        self.alive = True
-        config = WorkerConfig(0, W, loader.dataset, loader.collate_fn, loader.transforms,
-                              loader.worker_init_fn, loader.seed, loader.worker_seeding,
-                              loader.rank, loader.world_size, loader._distributed,
-                              loader.use_shared_mem, loader._batched, loader.batch_size,
-                              loader.drop_last, loader.iterable)
-        lifeline_r, self.lifeline = ctx.Pipe(duplex=False)
-        _MAIN_ONLY_FDS.add(self.lifeline.fileno())
-        # PR_SET_PDEATHSIG fires when the parent *thread* ends: only safe when
-        # the pool is started by the main thread.
-        death_signal = threading.current_thread() is threading.main_thread()
-        # Under forkserver the parent is the fork server, not this process.
-        parent = os.getpid() if method != "forkserver" else None
-        try:
-            for wid in range(W):
-                main_end, worker_end = ctx.Pipe(duplex=True)
-                self.conns.append(main_end)
-                _MAIN_ONLY_FDS.add(main_end.fileno())
-                lifeline = Lifeline(lifeline_r, parent,
-                                    tuple(sorted(_MAIN_ONLY_FDS)) if method == "fork" else (),
-                                    death_signal)
-                p = ctx.Process(target=worker_loop, name=f"netcl_loader-worker-{wid}", daemon=True,
-                                args=(config._replace(worker_id=wid), worker_end, self.ring,
-                                      lifeline))
-                try:
-                    p.start()
-                except BaseException as exc:
-                    worker_end.close()
-                    _start_failed(exc, wid, method)
-                    raise
-                self.procs.append(p)
-                worker_end.close()
-        except BaseException:
-            lifeline_r.close()
-            _shutdown(self.procs, self.conns, self.header, self.lifeline)
-            raise
-        lifeline_r.close()
-        # Runs at close(), at collection and at interpreter exit, whichever is first.
-        self._finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns, self.header,
-                                           self.lifeline)
-        loader._stats.ring_slots = nslots
-        loader._stats.ring_bytes = self.ring.nbytes
-
-    # -- slots -------------------------------------------------------------------
-    def grow(self, slot, nbytes):
-        """Give ``slot`` a larger region and hand it to every worker (before any task uses it)."""
-        from multiprocessing import reduction
-        seg = self.ring.grow(slot, nbytes)
-        msg = TASK_HEADER.pack(KIND_REMAP, 0, 0, seg.nbytes, slot, 0)
-        for wid, (p, c) in enumerate(zip(self.procs, self.conns)):
-            self.send(wid, msg)
-            try:
-                reduction.send_handle(c, seg.handle, p.pid)
-            except (OSError, ValueError):
-                self.lost(wid)
-            self.push(wid, ENTRY_REMAP | slot)
-        self.stats.ring_bytes = self.ring.nbytes
-
-    def push(self, wid, entry):
-        """Queue an entry for worker ``wid`` (a store; a wake only if it sleeps)."""
-        while not self.header.push(wid, entry):
-            # Cannot happen with the queue's capacity; never spin all the same.
-            self.check_alive()
-            time.sleep(0.001)
-
-    def send(self, wid, data):
-        try:
-            self.conns[wid].send_bytes(data)
-        except (OSError, ValueError):
-            self.lost(wid)
-
-    def lost(self, wid):
-        """Worker ``wid``'s pipe is closed: it is dying; raise the WorkerError that names it."""
-        p = self.procs[wid]
-        p.join(JOIN_SECONDS)  # its exit code, once the exit completes
-        self.check_alive()
-        self.close()
-        raise WorkerError(f"lost the connection to DataLoader worker {wid} (pid {p.pid})", pid=p.pid)
-
-    def dispatch(self, token, seq, epoch, indices, wid):
-        """Hand task ``seq`` (its ``indices``) and a free slot to worker ``wid``."""
-        slot = self.free[-1]
-        if self.use_shared_mem and self.ring.capacity(slot) < self.slot_need:
-            self.grow(slot, self.slot_need)  # may raise SharedMemoryError: the slot stays free
-        self.free.pop()
-        self.slot_task[slot] = (token, seq, wid)
-        self.header.set_task(slot, token, seq, wid + 1, epoch)
-        self.header.claim(slot, FREE, ASSIGNED)
-        if isinstance(indices, np.ndarray):
-            payload, flags = indices.tobytes(), 0
-        elif all(type(i) is int for i in indices):
-            payload, flags = np.asarray(indices, np.int64).tobytes(), 0
-        else:
-            payload, flags = pickle.dumps(list(indices)), FLAG_PICKLED_INDICES
-        if not flags and self.header.set_indices(slot, payload):
-            self.push(wid, ENTRY_TASK | slot)
-        else:
-            self.send(wid, TASK_HEADER.pack(KIND_TASK, flags, token, seq, slot, epoch) + payload)
-            self.push(wid, ENTRY_PIPED_TASK | slot)
-        return slot, wid
-
-    def refs(self, slot):
-        """References to the region of ``slot`` (each array made from it holds one)."""
-        return sys.getrefcount(self.ring._segments[slot])
-
-    def reclaim_lent(self):
-        """Free lent slots whose arrays the caller has dropped."""
-        for slot, base in list(self.lent.items()):
-            if self.refs(slot) <= base:
-                del self.lent[slot]
-                self.release(slot)
-
-    def release(self, slot):
-        self.slot_task[slot] = None
-        self.header.publish(slot, FREE)
-        self.free.append(slot)
-
-    def recv(self, wid, token, seq, timeout=None):
-        """The pipe payload of batch ``seq`` of iteration ``token`` from worker ``wid``.
-
-        Raises TimeoutError after ``timeout`` seconds (None: never), and
-        WorkerError when the worker dies meanwhile.
-        """
-        key = (token, seq)
-        if key in self.stash:
-            return self.stash.pop(key)
-        conn = self.conns[wid]
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            while not conn.poll(LIVENESS_CHECK_SECONDS):
-                self.check_alive()
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError(
-                        f"DataLoader timed out after timeout={timeout} s waiting for batch {seq} "
-                        f"from worker {wid} (pid {self.procs[wid].pid}) to arrive by pipe")
-            try:
-                msg = conn.recv()
-            except (EOFError, OSError):
-                self.lost(wid)
-            if (msg[1], msg[2]) == key:
-                return msg
-            # Another batch's payload, of this iteration or a stale one: its
-            # slot is PIPED and will ask for it (reap() for a stale one).
-            self.stash[(msg[1], msg[2])] = msg
-
-    def _poll_stale(self, wid, key):
-        """Stash what worker ``wid`` has sent so far; True once ``key``'s payload is in."""
-        conn = self.conns[wid]
-        try:
-            while key not in self.stash and conn.poll(0):
-                msg = conn.recv()
-                self.stash[(msg[1], msg[2])] = msg
-        except (EOFError, OSError):
-            self.lost(wid)
-        return key in self.stash
-
-    def reap(self, token):
-        """Free the slots of older iterations whose workers have finished with them.
-
-        Never waits: a stale batch still on its way by pipe is freed by a later call.
-        """
-        for slot, task in enumerate(self.slot_task):
-            if task is None or task[0] == token or slot in self.lent:
-                continue  # a lent slot is freed by reclaim_lent once the caller drops it
-            st = self.header.state(slot)
-            if st == PIPED:
-                key = (task[0], task[1])
-                if not self._poll_stale(task[2], key):
-                    continue
-                del self.stash[key]
-            elif st not in (READY, CANCELLED):
-                continue
-            self.release(slot)
-
-    def check_alive(self, force=False):
-        for wid, p in enumerate(self.procs):
-            if p.exitcode is not None:
-                msg = _describe_exit(wid, p.pid, p.exitcode)
-                self.close()
-                raise WorkerError(msg, pid=p.pid, exitcode=p.exitcode)
-        if force:
-            self.close()
-            raise WorkerError("lost the connection to a DataLoader worker")
-
-    def close(self):
-        self.alive = False
-        self._finalizer()
-
-
-#: The indices of a task of an iterable-style dataset.
-_NO_INDICES = np.zeros(0, np.int64)
-
-
-class _Iter:
-    """One epoch of batches."""
-
-    def __init__(self, loader, epoch, prefix, extra, prestarted=False):
-        self.loader = loader
-        self.epoch = epoch
-        self.finished = False
-        self.prestarted = prestarted     # started early by the loader, not yet handed out
-        t0 = time.perf_counter()
-        self.done_prefix = prefix        # batches 0..prefix-1 are done
-        self.done_extra = set(extra)     # done batches past the prefix (in_order=False)
-        self.pending = {}                # seq -> (slot, worker id, n samples)
-        self.held = None                 # slot lent to the caller (zero_copy)
-        self.deferred = []               # (slot, GpuBatch): slot freed when its upload completes
-        self._last = None                # end of the previous next(), for wall time
-        self.iterable = loader.iterable
-        if self.iterable:
-            # A stream has no indices: tasks are "your next batch", dealt
-            # round-robin to the workers whose stream has not ended, which is
-            # the order PyTorch yields them in.  A resume replays: the first
-            # `prefix` batches are made again and dropped.
-            self._replay = prefix
-            self.done_prefix = 0
-            self._ended = set()
-            self._next_seq = 0
-            self._next_worker = 0
-            self._tasks = None
-        else:
-            # A frozen copy: _mark_done drops entries from done_extra as the
-            # prefix passes them, and those batches must still be skipped.
-            self._tasks = self._numbered(loader._batches(epoch), prefix,
-                                         frozenset(self.done_extra))
-        self._tasks_left = True
-        self.pool = None
-        if loader.num_workers > 0:
-            self.pool = loader._get_pool()
-            loader._token = (loader._token + 1) & 0xFFFFFFFF
-            self.token = loader._token
-            self.pool.header.set_token(self.token)
-            self.pool.reap(self.token)
-            self._fill()
-        else:
-            loader._token = (loader._token + 1) & 0xFFFFFFFF
-            self.token = loader._token
-            if self.iterable:
-                loader._maker.start_stream(self.token)
-        if not prestarted:
-            # Starting the pool and the first tasks is time the caller waits too.
-            self._last = t0
-            loader._stats.wait_seconds += time.perf_counter() - t0
-
-    def _next_task(self):
-        """``(seq, indices, worker id)`` of the next task; StopIteration when there is none."""
-        if not self.iterable:
-            seq, indices = next(self._tasks)
-            return seq, indices, seq % self.loader.num_workers
-        W = self.loader.num_workers
-        if len(self._ended) >= W:
-            raise StopIteration
-        wid = self._next_worker
-        while wid in self._ended:
-            wid = (wid + 1) % W
-        self._next_worker = (wid + 1) % W
-        seq, self._next_seq = self._next_seq, self._next_seq + 1
-        return seq, _NO_INDICES, wid
-
-    @staticmethod
-    def _numbered(batches, prefix, extra):
-        for seq, b in enumerate(batches):
-            if seq < prefix or seq in extra:
-                continue
-            yield seq, b
-
-    def __iter__(self):
-        return self
-
-    def __len__(self):
-        return len(self.loader) - self.done_prefix - len(self.done_extra)
-
-    # -- main loop ------------------------------------------------------------
-    def __next__(self):
-        if self.finished:
-            raise StopIteration
-        loader = self.loader
-        stats = loader._stats
-        now = time.perf_counter()
-        if self._last is None:
-            self._last = now
-        if self.pool is None:
-            return self._next_inline(now)
-        try:
-            while True:
-                self._release_held()
-                self._poll_deferred()
-                if self.pool.lent:
-                    self.pool.reclaim_lent()
-                self._fill()
-                while not self.pending:
-                    if not self._tasks_left:
-                        self._finish()
-                        raise StopIteration
-                    self._wait_for_slot()  # every slot is lent, deferred or still stale
-                    self._fill()
-                seq, slot, wid, n = self._wait()
-                state = self.pool.header.state(slot)
-                if state == READY:
-                    batch = self._take_ready(slot)
-                else:  # PIPED
-                    t0 = time.perf_counter()
-                    msg = self.pool.recv(wid, self.token, seq, loader.timeout)
-                    stats.wait_seconds += time.perf_counter() - t0
-                    needed = self.pool.header.result(slot)[2]
-                    if needed:
-                        stats.piped_batches += 1
-                        self.pool.slot_need = max(self.pool.slot_need, int(needed * SLOT_GROWTH))
-                    elif not loader.use_shared_mem and msg[0] == "batch":
-                        stats.piped_batches += 1
-                    self.pool.release(slot)
-                    if msg[0] == "end":  # this worker's stream has ended
-                        self._ended.add(wid)
-                        continue
-                    if msg[0] == "error":
-                        if self.iterable:
-                            self._ended.add(wid)  # the error ended its stream (SPEC section 11)
-                        else:
-                            self._mark_done(seq)
-                        self._fill()
-                        raise rebuild_error(msg[3])
-                    batch = self._upload_owned(loader._deliver(msg[3]))
-                if self.iterable and self._replay:
-                    self._replay -= 1  # yielded before the resume: made again, dropped
-                    self.done_prefix += 1
-                    batch = None
-                    continue
-                break
-        except (WorkerError, EOFError, OSError):
-            self.finished = True
-            loader._stopped = (self.epoch, self.done_prefix, set(self.done_extra))
-            self.pending = {}
-            self.deferred = []
-            self.held = None
-            loader._end_epoch_pool()
-            raise
-        if self.iterable:
-            self.done_prefix += 1
-        else:
-            self._mark_done(seq)
-        self._fill()
-        end = time.perf_counter()
-        stats.batches += 1
-        stats.samples += n if not self.iterable else _batch_len(batch)
-        stats.wall_seconds += end - self._last
-        self._last = end
-        return batch
-
-    def _next_inline(self, now):
-        loader = self.loader
-        maker = loader._maker
-        while True:
-            if self.iterable:
-                seq, indices = self.done_prefix, _NO_INDICES
-            else:
-                try:
-                    seq, indices = next(self._tasks)
-                except StopIteration:
-                    self._finish()
-                    raise
-            # The caller's own random streams are kept: a batch is seeded as a
-            # worker would seed it, and the caller's RNG states are put back.
-            saved = RngStates() if maker.seed_batches else None
-            try:
-                maker.seed(self.epoch, seq)
-                # Outputs come from arrays of earlier batches that the caller
-                # dropped: a fresh large array would pay a page fault per page.
-                batch = maker.make(indices, loader._out_pool.take)
-            except StreamEnd:
-                self._finish()
-                raise StopIteration from None
-            except Exception:
-                if self.iterable:
-                    self._finish()  # an error ends the stream
-                raise
-            finally:
-                if saved is not None:
-                    saved.restore()
-            if self.iterable:
-                self.done_prefix += 1
-                if self._replay:
-                    self._replay -= 1
-                    continue
-            else:
-                self._mark_done(seq)
-            break
-        batch = self._upload_owned(loader._deliver(batch))
-        end = time.perf_counter()
-        loader._stats.batches += 1
-        loader._stats.samples += len(indices) if not self.iterable else _batch_len(batch)
-        loader._stats.wait_seconds += end - now
-        loader._stats.wall_seconds += end - self._last
-        self._last = end
-        return batch
-
-    def _mark_done(self, seq):
-        if seq == self.done_prefix:
-            self.done_prefix += 1
-            while self.done_prefix in self.done_extra:
-                self.done_extra.discard(self.done_prefix)
-                self.done_prefix += 1
-        else:
-            self.done_extra.add(seq)
-
-    def _fill(self):
-        pool = self.pool
-        while self._tasks_left and len(self.pending) < self.loader.prefetch and pool.free:
-            try:
-                seq, indices, wid = self._next_task()
-            except StopIteration:
-                self._tasks_left = False
-                break
-            slot, wid = pool.dispatch(self.token, seq, self.epoch, indices, wid)
-            self.pending[seq] = (slot, wid, len(indices))
-
-    def _wait(self):
-        """Sleep until the next batch (in order, or any with in_order=False) is published."""
-        loader, pool = self.loader, self.pool
-        header = pool.header
-        timeout = loader.timeout
-        t0 = time.perf_counter()
-        last_check = t0
-        target = min(self.pending) if loader.in_order else None
-        while True:
-            seen = header.gen()
-            if target is not None:
-                slot, wid, n = self.pending[target]
-                st = header.state(slot)
-                if st == READY or st == PIPED:
-                    found = target
-                    break
-            else:
-                found = None
-                for seq in sorted(self.pending):
-                    st = header.state(self.pending[seq][0])
-                    if st == READY or st == PIPED:
-                        found = seq
-                        break
-                if found is not None:
-                    break
-            now = time.perf_counter()
-            if timeout is not None and now - t0 >= timeout:
-                waiting = target if target is not None else min(self.pending)
-                slot, wid, _ = self.pending[waiting]
-                self._abandon()
-                raise TimeoutError(
-                    f"DataLoader timed out after timeout={timeout} s waiting for batch {waiting} "
-                    f"from worker {wid} (pid {pool.procs[wid].pid})")
-            if now - last_check >= LIVENESS_CHECK_SECONDS:
-                last_check = now
-                pool.check_alive()
-                pool.reap(self.token)
-            slice_ms = WAIT_SLICE_MS
-            if timeout is not None:
-                slice_ms = max(1, min(slice_ms, int((timeout - (now - t0)) * 1000) + 1))
-            if header.wait_gen(seen, slice_ms):
-                pool.check_alive()
-                last_check = time.perf_counter()
-        loader._stats.wait_seconds += time.perf_counter() - t0
-        slot, wid, n = self.pending.pop(found)
-        return found, slot, wid, n
-
-    def _wait_for_slot(self):
-        """Sleep until a slot is free: stale tasks finish, the caller drops a lent
-        batch, or an upload completes."""
-        pool, loader = self.pool, self.loader
-        header = pool.header
-        t0 = time.perf_counter()
-        while True:
-            seen = header.gen()
-            pool.reap(self.token)
-            if pool.lent:
-                pool.reclaim_lent()
-            self._poll_deferred()
-            if pool.free:
-                break
-            pool.check_alive()
-            if loader.timeout is not None and time.perf_counter() - t0 >= loader.timeout:
-                self._abandon()
-                raise TimeoutError(f"DataLoader timed out after timeout={loader.timeout} s "
-                                   f"waiting for a free ring slot (the caller holds "
-                                   f"{len(pool.lent)} batches)")
-            header.wait_gen(seen, WAIT_SLICE_MS)
-        loader._stats.wait_seconds += time.perf_counter() - t0
-
-    # -- delivery -----------------------------------------------------------------
-    def _take_ready(self, slot):
-        loader, pool = self.loader, self.pool
-        meta_off, meta_len, _ = pool.header.result(slot)
-        if not loader.zero_copy and loader._uploader is None and len(pool.lent) < MAX_LENT_SLOTS:
-            # Lend the slot: the caller gets writable arrays in it, and the slot
-            # is reused only once the caller has dropped every one of them.
-            # Cheaper than a copy, and the caller still owns what it gets.
-            base = pool.refs(slot)
-            batch = decode(pool.ring.segment(slot), meta_off, meta_len, LEND, output=loader.output)
-            pool.lent[slot] = base
-            return loader._finalize(batch)
-        seg = pool.ring.segment(slot)
-        if loader._uploader is not None:
-            views = decode(seg, meta_off, meta_len, VIEW)
-            try:
-                gb = loader._uploader.upload(views)
-            except Exception as exc:
-                self._upload_failed(exc)
-            else:
-                loader._stats.uploads += 1
-                self.deferred.append((slot, gb))
-                return gb
-        if loader.zero_copy:
-            self.held = slot
-            return loader._finalize(decode(seg, meta_off, meta_len, VIEW, output=loader.output))
-        batch = decode(seg, meta_off, meta_len, COPY, loader._out_pool, output=loader.output)
-        pool.release(slot)
-        return loader._finalize(batch)
-
-    def _upload_owned(self, batch):
-        """Upload a batch whose arrays the loader owns (pipe path, num_workers=0)."""
-        loader = self.loader
-        if loader._uploader is None:
-            # zero_copy promises read-only arrays: piped and in-process batches too.
-            return _read_only(batch) if loader.zero_copy else batch
-        try:
-            gb = loader._uploader.upload(batch)
-        except Exception as exc:
-            self._upload_failed(exc)
-            return batch
-        loader._stats.uploads += 1
-        return gb
-
-    def _upload_failed(self, exc):
-        loader = self.loader
-        loader._stats.upload_fallbacks += 1
-        if not loader._warned_upload:
-            loader._warned_upload = True
-            warnings.warn(f"OpenCL upload failed ({_describe_error(exc)}); yielding NumPy "
-                          f"batches instead (counted in loader.stats.upload_fallbacks)",
-                          RuntimeWarning, stacklevel=4)
-
-    def _release_held(self):
-        if self.held is not None:
-            slot, self.held = self.held, None
-            self.pool.release(slot)
-
-    def _poll_deferred(self):
-        if self.deferred:
-            keep = []
-            for slot, gb in self.deferred:
-                if gb.ready():
-                    self.pool.release(slot)
-                else:
-                    keep.append((slot, gb))
-            self.deferred = keep
-        if not self.pool.free and self.deferred:
-            # Every slot waits on an upload (the device is the bottleneck): the
-            # oldest is the next to finish.  Time the caller waits, too.
-            t0 = time.perf_counter()
-            while not self.pool.free and self.deferred:
-                slot, gb = self.deferred.pop(0)
-                try:
-                    gb.wait()  # re-raises a failed copy, once every copy has finished
-                finally:
-                    self.pool.release(slot)
-            self.loader._stats.wait_seconds += time.perf_counter() - t0
-
-    def _wait_deferred(self):
-        for slot, gb in self.deferred:
-            try:
-                gb.wait()
-            finally:
-                if self.pool is not None and self.pool is self.loader._pool:
-                    self.pool.release(slot)
-        self.deferred = []
-
-    # -- ending -----------------------------------------------------------------
-    def _finish(self):
-        if not self.finished:
-            self.finished = True
-            self.loader._stats.epochs += 1
-            self._cleanup()
-            self.loader._end_epoch_pool()
-            self.loader._prestart(self.epoch + 1)
-
-    def _abandon(self):
-        """End this iteration early; its batches still in flight are discarded later."""
-        if not self.finished:
-            self.finished = True
-            if not self.prestarted:
-                self.loader._stopped = (self.epoch, self.done_prefix, set(self.done_extra))
-            self._cleanup()
-            if not self.prestarted:
-                self.loader._end_epoch_pool()
-
-    def _cleanup(self):
-        try:
-            self._wait_deferred()
-        except Exception:
-            pass
-        if self.pool is not None and self.pool is self.loader._pool and self.pool.alive:
-            if self.held is not None:
-                self._release_held()
-            # Slots still in flight belong to an old token now and are reaped
-            # by the next iteration; tell workers to skip their tasks.
-            self.loader._token = (self.loader._token + 1) & 0xFFFFFFFF
-            self.pool.header.set_token(self.loader._token)
-        self.held = None
-        self.pending = {}
-
-    def __del__(self):
-        try:
-            self._abandon()
-        except Exception:
-            pass

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 
 import numpy as np
 
@@ -38,6 +39,10 @@ class ArrayDataset:
     >>> len(ds), ds[2][1]
     (10, 2)
     """
+
+    #: Fetching runs no user code, so nothing in it can draw random numbers:
+    #: the loader skips per-batch seeding for it.
+    _netcl_rng_free = True
 
     def __init__(self, *arrays):
         if not arrays:
@@ -113,19 +118,34 @@ class Subset:
     Parameters
     ----------
     dataset : map-style dataset
-    indices : sequence of int
+    indices : sequence of int, or slice
+        A slice takes those positions of ``range(len(dataset))``.
     """
 
     def __init__(self, dataset, indices):
         self.dataset = dataset
-        self.indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if isinstance(indices, slice):
+            indices = range(len(dataset))[indices]
+        try:
+            self.indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        except (TypeError, ValueError):
+            raise TypeError(f"Subset: indices must be a sequence of ints or a slice, "
+                            f"got {indices!r}") from None
         if len(self.indices):
             _as_index_array(self.indices, len(dataset))
+
+    @property
+    def _netcl_rng_free(self):
+        return bool(getattr(self.dataset, "_netcl_rng_free", False))
 
     def __len__(self):
         return len(self.indices)
 
     def __getitem__(self, i):
+        if isinstance(i, slice):
+            return Subset(self.dataset, self.indices[i])
+        if isinstance(i, list):  # as PyTorch's Subset: a list of positions
+            return self.__getitems__(i)
         return self.dataset[int(self.indices[i])]
 
     def __getitems__(self, indices):
@@ -149,7 +169,7 @@ class Subset:
         return f"Subset({self.dataset!r}, {len(self)} indices)"
 
 
-def random_split(dataset, lengths, seed=None):
+def random_split(dataset, lengths, seed=None, generator=None):
     """Split ``dataset`` into non-overlapping random subsets.
 
     Parameters
@@ -162,11 +182,21 @@ def random_split(dataset, lengths, seed=None):
     seed : int, optional
         The split is a permutation drawn from ``seed``: the same seed gives
         the same split.
+    generator : torch.Generator, optional
+        Draw the permutation as PyTorch does (``torch.randperm`` with this
+        generator): the same generator state gives PyTorch's own split.
+        Not with ``seed``.
 
     Returns
     -------
     list of Subset
     """
+    if seed is not None and generator is not None:
+        raise ValueError(f"random_split: seed={seed!r} and generator={generator!r} both choose "
+                         f"the permutation; pass one of them")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)
+                             or seed < 0):
+        raise ValueError(f"random_split: seed must be a non-negative int or None, got {seed!r}")
     n = len(dataset)
     lengths = list(lengths)
     if not lengths:
@@ -188,7 +218,14 @@ def random_split(dataset, lengths, seed=None):
         if sum(sizes) != n:
             raise ValueError(f"random_split: lengths {lengths!r} sum to {sum(sizes)}, but the "
                              f"dataset has {n} samples")
-    order = np.random.default_rng(seed).permutation(n)
+    if generator is not None:
+        torch = sys.modules.get("torch")
+        if torch is None or not isinstance(generator, torch.Generator):
+            raise TypeError(f"random_split: generator must be a torch.Generator, "
+                            f"got {generator!r}")
+        order = torch.randperm(n, generator=generator).numpy()
+    else:
+        order = np.random.default_rng(seed).permutation(n)
     out, start = [], 0
     for s in sizes:
         out.append(Subset(dataset, order[start:start + s]))

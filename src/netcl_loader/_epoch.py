@@ -1,0 +1,451 @@
+"""One epoch of batches: dispatching tasks, waiting for slots, delivering batches."""
+from __future__ import annotations
+
+import time
+import warnings
+
+import numpy as np
+
+from ._pool import LIVENESS_CHECK_SECONDS, SLOT_GROWTH, WorkerError
+from ._protocol import BATCH, END, ERROR, rebuild_error
+from ._ring import PIPED, READY
+from ._tree import batch_len, read_only
+from ._worker import RngStates, StreamEnd
+from .shared_batch import COPY, LEND, VIEW, WAIT_SLICE_MS, decode
+
+__all__ = ["EpochIterator"]
+
+#: Slots whose memory may be lent to the caller at once (copy mode): a caller
+#: that keeps more batches than this gets copies instead, so prefetching
+#: never runs out of slots.
+MAX_LENT_SLOTS = 2
+
+def _describe_error(exc):
+    """``Type: message`` of an exception; pyopencl errors also name the routine and code."""
+    text = " ".join(str(a) for a in exc.args) if len(exc.args) > 1 else str(exc)
+    return f"{type(exc).__module__}.{type(exc).__qualname__}: {text}"
+
+
+#: The indices of a task of an iterable-style dataset.
+_NO_INDICES = np.zeros(0, np.int64)
+
+
+class EpochIterator:
+    """One epoch of batches."""
+
+    def __init__(self, loader, epoch, prefix, extra, prestarted=False):
+        self.loader = loader
+        self.epoch = epoch
+        self.finished = False
+        self.prestarted = prestarted     # started early by the loader, not yet handed out
+        t0 = time.perf_counter()
+        self.done_prefix = prefix        # batches 0..prefix-1 are done
+        self.done_extra = set(extra)     # done batches past the prefix (in_order=False)
+        self.pending = {}                # seq -> (slot, worker id, n samples)
+        self.held = None                 # slot lent to the caller (zero_copy)
+        self.deferred = []               # (slot, GpuBatch): slot freed when its upload completes
+        self._last = None                # end of the previous next(), for wall time
+        self.iterable = loader.iterable
+        if self.iterable:
+            # A stream has no indices: tasks are "your next batch", dealt
+            # round-robin to the workers whose stream has not ended, which is
+            # the order PyTorch yields them in.  A resume replays: the first
+            # `prefix` batches are made again and dropped.
+            self._replay = prefix
+            self.done_prefix = 0
+            self._ended = set()
+            self._next_seq = 0
+            self._next_worker = 0
+            self._tasks = None
+        else:
+            # A frozen copy: _mark_done drops entries from done_extra as the
+            # prefix passes them, and those batches must still be skipped.
+            self._tasks = self._numbered(loader._batches(epoch), prefix,
+                                         frozenset(self.done_extra))
+        self._tasks_left = True
+        self.pool = None
+        if loader.num_workers > 0:
+            self.pool = loader._get_pool()
+            loader._token = (loader._token + 1) & 0xFFFFFFFF
+            self.token = loader._token
+            self.pool.header.set_token(self.token)
+            self.pool.reap(self.token)
+            self._fill()
+        else:
+            loader._token = (loader._token + 1) & 0xFFFFFFFF
+            self.token = loader._token
+            if self.iterable:
+                loader._maker.start_stream(self.token)
+        if not prestarted:
+            # Starting the pool and the first tasks is time the caller waits too.
+            self._last = t0
+            loader._stats.wait_seconds += time.perf_counter() - t0
+
+    def _next_task(self):
+        """``(seq, indices, worker id)`` of the next task; StopIteration when there is none."""
+        if not self.iterable:
+            seq, indices = next(self._tasks)
+            return seq, indices, seq % self.loader.num_workers
+        W = self.loader.num_workers
+        if len(self._ended) >= W:
+            raise StopIteration
+        wid = self._next_worker
+        while wid in self._ended:
+            wid = (wid + 1) % W
+        self._next_worker = (wid + 1) % W
+        seq, self._next_seq = self._next_seq, self._next_seq + 1
+        return seq, _NO_INDICES, wid
+
+    @staticmethod
+    def _numbered(batches, prefix, extra):
+        for seq, b in enumerate(batches):
+            if seq < prefix or seq in extra:
+                continue
+            yield seq, b
+
+    def __iter__(self):
+        return self
+
+    def __len__(self):
+        return len(self.loader) - self.done_prefix - len(self.done_extra)
+
+    # -- main loop ------------------------------------------------------------
+    def __next__(self):
+        if self.finished:
+            raise StopIteration
+        loader = self.loader
+        stats = loader._stats
+        now = time.perf_counter()
+        if self._last is None:
+            self._last = now
+        if self.pool is None:
+            return self._next_inline(now)
+        try:
+            while True:
+                self._release_held()
+                self._poll_deferred()
+                if self.pool.lent:
+                    self.pool.reclaim_lent()
+                self._fill()
+                while not self.pending:
+                    if not self._tasks_left:
+                        self._finish()
+                        raise StopIteration
+                    self._wait_for_slot()  # every slot is lent, deferred or still stale
+                    self._fill()
+                seq, slot, wid, n = self._wait()
+                state = self.pool.header.state(slot)
+                if state == READY:
+                    batch = self._take_ready(slot)
+                else:  # PIPED
+                    t0 = time.perf_counter()
+                    msg = self.pool.recv(wid, self.token, seq, loader.timeout)
+                    stats.wait_seconds += time.perf_counter() - t0
+                    needed = self.pool.header.result(slot)[2]
+                    if needed:
+                        stats.piped_batches += 1
+                        self.pool.slot_need = max(self.pool.slot_need, int(needed * SLOT_GROWTH))
+                    elif not loader.use_shared_mem and msg.kind == BATCH:
+                        stats.piped_batches += 1
+                    self.pool.release(slot)
+                    if msg.kind == END:  # this worker's stream has ended
+                        self._ended.add(wid)
+                        continue
+                    if msg.kind == ERROR:
+                        if self.iterable:
+                            self._ended.add(wid)  # the error ended its stream (SPEC section 11)
+                        else:
+                            self._mark_done(seq)
+                        self._fill()
+                        raise rebuild_error(msg.payload)
+                    batch = self._upload_owned(loader._deliver(msg.payload))
+                if self.iterable and self._replay:
+                    self._replay -= 1  # yielded before the resume: made again, dropped
+                    self.done_prefix += 1
+                    batch = None
+                    continue
+                break
+        except (WorkerError, EOFError, OSError):
+            self.finished = True
+            loader._stopped = (self.epoch, self.done_prefix, set(self.done_extra))
+            self.pending = {}
+            self.deferred = []
+            self.held = None
+            loader._end_epoch_pool()
+            raise
+        if self.iterable:
+            self.done_prefix += 1
+        else:
+            self._mark_done(seq)
+        self._fill()
+        end = time.perf_counter()
+        stats.batches += 1
+        stats.samples += n if not self.iterable else batch_len(batch)
+        stats.wall_seconds += end - self._last
+        self._last = end
+        return batch
+
+    def _next_inline(self, now):
+        loader = self.loader
+        maker = loader._maker
+        while True:
+            if self.iterable:
+                seq, indices = self.done_prefix, _NO_INDICES
+            else:
+                try:
+                    seq, indices = next(self._tasks)
+                except StopIteration:
+                    self._finish()
+                    raise
+            # The caller's own random streams are kept: a batch is seeded as a
+            # worker would seed it, and the caller's RNG states are put back.
+            saved = RngStates() if maker.seed_batches else None
+            try:
+                maker.seed(self.epoch, seq)
+                # Outputs come from arrays of earlier batches that the caller
+                # dropped: a fresh large array would pay a page fault per page.
+                batch = maker.make(indices, loader._out_pool.take)
+            except StreamEnd:
+                self._finish()
+                raise StopIteration from None
+            except Exception:
+                if self.iterable:
+                    self._finish()  # an error ends the stream
+                raise
+            finally:
+                if saved is not None:
+                    saved.restore()
+            if self.iterable:
+                self.done_prefix += 1
+                if self._replay:
+                    self._replay -= 1
+                    continue
+            else:
+                self._mark_done(seq)
+            break
+        batch = self._upload_owned(loader._deliver(batch))
+        end = time.perf_counter()
+        loader._stats.batches += 1
+        loader._stats.samples += len(indices) if not self.iterable else batch_len(batch)
+        loader._stats.wait_seconds += end - now
+        loader._stats.wall_seconds += end - self._last
+        self._last = end
+        return batch
+
+    def _mark_done(self, seq):
+        if seq == self.done_prefix:
+            self.done_prefix += 1
+            while self.done_prefix in self.done_extra:
+                self.done_extra.discard(self.done_prefix)
+                self.done_prefix += 1
+        else:
+            self.done_extra.add(seq)
+
+    def _fill(self):
+        pool = self.pool
+        while self._tasks_left and len(self.pending) < self.loader.prefetch and pool.free:
+            try:
+                seq, indices, wid = self._next_task()
+            except StopIteration:
+                self._tasks_left = False
+                break
+            slot, wid = pool.dispatch(self.token, seq, self.epoch, indices, wid)
+            self.pending[seq] = (slot, wid, len(indices))
+
+    def _wait(self):
+        """Sleep until the next batch (in order, or any with in_order=False) is published."""
+        loader, pool = self.loader, self.pool
+        header = pool.header
+        timeout = loader.timeout
+        t0 = time.perf_counter()
+        last_check = t0
+        target = min(self.pending) if loader.in_order else None
+        while True:
+            seen = header.gen()
+            if target is not None:
+                slot, wid, n = self.pending[target]
+                st = header.state(slot)
+                if st == READY or st == PIPED:
+                    found = target
+                    break
+            else:
+                found = None
+                for seq in sorted(self.pending):
+                    st = header.state(self.pending[seq][0])
+                    if st == READY or st == PIPED:
+                        found = seq
+                        break
+                if found is not None:
+                    break
+            now = time.perf_counter()
+            if timeout is not None and now - t0 >= timeout:
+                waiting = target if target is not None else min(self.pending)
+                slot, wid, _ = self.pending[waiting]
+                self._abandon()
+                raise TimeoutError(
+                    f"DataLoader timed out after timeout={timeout} s waiting for batch {waiting} "
+                    f"from worker {wid} (pid {pool.procs[wid].pid})")
+            if now - last_check >= LIVENESS_CHECK_SECONDS:
+                last_check = now
+                pool.check_alive()
+                pool.reap(self.token)
+            slice_ms = WAIT_SLICE_MS
+            if timeout is not None:
+                slice_ms = max(1, min(slice_ms, int((timeout - (now - t0)) * 1000) + 1))
+            if header.wait_gen(seen, slice_ms):
+                pool.check_alive()
+                last_check = time.perf_counter()
+        loader._stats.wait_seconds += time.perf_counter() - t0
+        slot, wid, n = self.pending.pop(found)
+        return found, slot, wid, n
+
+    def _wait_for_slot(self):
+        """Sleep until a slot is free: stale tasks finish, the caller drops a lent
+        batch, or an upload completes."""
+        pool, loader = self.pool, self.loader
+        header = pool.header
+        t0 = time.perf_counter()
+        while True:
+            seen = header.gen()
+            pool.reap(self.token)
+            if pool.lent:
+                pool.reclaim_lent()
+            self._poll_deferred()
+            if pool.free:
+                break
+            pool.check_alive()
+            if loader.timeout is not None and time.perf_counter() - t0 >= loader.timeout:
+                self._abandon()
+                raise TimeoutError(f"DataLoader timed out after timeout={loader.timeout} s "
+                                   f"waiting for a free ring slot (the caller holds "
+                                   f"{len(pool.lent)} batches)")
+            header.wait_gen(seen, WAIT_SLICE_MS)
+        loader._stats.wait_seconds += time.perf_counter() - t0
+
+    # -- delivery -----------------------------------------------------------------
+    def _take_ready(self, slot):
+        loader, pool = self.loader, self.pool
+        meta_off, meta_len, _ = pool.header.result(slot)
+        if not loader.zero_copy and loader._uploader is None and len(pool.lent) < MAX_LENT_SLOTS:
+            # Lend the slot: the caller gets writable arrays in it, and the slot
+            # is reused only once the caller has dropped every one of them.
+            # Cheaper than a copy, and the caller still owns what it gets.
+            base = pool.refs(slot)
+            batch = decode(pool.ring.segment(slot), meta_off, meta_len, LEND, output=loader.output)
+            pool.lent[slot] = base
+            return loader._finalize(batch)
+        seg = pool.ring.segment(slot)
+        if loader._uploader is not None:
+            views = decode(seg, meta_off, meta_len, VIEW)
+            try:
+                gb = loader._uploader.upload(views)
+            except Exception as exc:
+                self._upload_failed(exc)
+            else:
+                loader._stats.uploads += 1
+                self.deferred.append((slot, gb))
+                return gb
+        if loader.zero_copy:
+            self.held = slot
+            return loader._finalize(decode(seg, meta_off, meta_len, VIEW, output=loader.output))
+        batch = decode(seg, meta_off, meta_len, COPY, loader._out_pool, output=loader.output)
+        pool.release(slot)
+        return loader._finalize(batch)
+
+    def _upload_owned(self, batch):
+        """Upload a batch whose arrays the loader owns (pipe path, num_workers=0)."""
+        loader = self.loader
+        if loader._uploader is None:
+            # zero_copy promises read-only arrays: piped and in-process batches too.
+            return read_only(batch) if loader.zero_copy else batch
+        try:
+            gb = loader._uploader.upload(batch)
+        except Exception as exc:
+            self._upload_failed(exc)
+            return batch
+        loader._stats.uploads += 1
+        return gb
+
+    def _upload_failed(self, exc):
+        loader = self.loader
+        loader._stats.upload_fallbacks += 1
+        if not loader._warned_upload:
+            loader._warned_upload = True
+            warnings.warn(f"OpenCL upload failed ({_describe_error(exc)}); yielding NumPy "
+                          f"batches instead (counted in loader.stats.upload_fallbacks)",
+                          RuntimeWarning, stacklevel=4)
+
+    def _release_held(self):
+        if self.held is not None:
+            slot, self.held = self.held, None
+            self.pool.release(slot)
+
+    def _poll_deferred(self):
+        if self.deferred:
+            keep = []
+            for slot, gb in self.deferred:
+                if gb.ready():
+                    self.pool.release(slot)
+                else:
+                    keep.append((slot, gb))
+            self.deferred = keep
+        if not self.pool.free and self.deferred:
+            # Every slot waits on an upload (the device is the bottleneck): the
+            # oldest is the next to finish.  Time the caller waits, too.
+            t0 = time.perf_counter()
+            while not self.pool.free and self.deferred:
+                slot, gb = self.deferred.pop(0)
+                try:
+                    gb.wait()  # re-raises a failed copy, once every copy has finished
+                finally:
+                    self.pool.release(slot)
+            self.loader._stats.wait_seconds += time.perf_counter() - t0
+
+    def _wait_deferred(self):
+        for slot, gb in self.deferred:
+            try:
+                gb.wait()
+            finally:
+                if self.pool is not None and self.pool is self.loader._pool:
+                    self.pool.release(slot)
+        self.deferred = []
+
+    # -- ending -----------------------------------------------------------------
+    def _finish(self):
+        if not self.finished:
+            self.finished = True
+            self.loader._stats.epochs += 1
+            self._cleanup()
+            self.loader._end_epoch_pool()
+            self.loader._prestart(self.epoch + 1)
+
+    def _abandon(self):
+        """End this iteration early; its batches still in flight are discarded later."""
+        if not self.finished:
+            self.finished = True
+            if not self.prestarted:
+                self.loader._stopped = (self.epoch, self.done_prefix, set(self.done_extra))
+            self._cleanup()
+            if not self.prestarted:
+                self.loader._end_epoch_pool()
+
+    def _cleanup(self):
+        try:
+            self._wait_deferred()
+        except Exception:
+            pass
+        if self.pool is not None and self.pool is self.loader._pool and self.pool.alive:
+            if self.held is not None:
+                self._release_held()
+            # Slots still in flight belong to an old token now and are reaped
+            # by the next iteration; tell workers to skip their tasks.
+            self.loader._token = (self.loader._token + 1) & 0xFFFFFFFF
+            self.pool.header.set_token(self.loader._token)
+        self.held = None
+        self.pending = {}
+
+    def __del__(self):
+        try:
+            self._abandon()
+        except Exception:
+            pass

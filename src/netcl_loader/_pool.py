@@ -1,0 +1,319 @@
+"""The worker pool: processes, slot scheduling, liveness and shutdown."""
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import weakref
+
+import numpy as np
+
+from ._protocol import (ENTRY_PIPED_TASK, ENTRY_REMAP, ENTRY_STOP, ENTRY_TASK,
+                        FLAG_PICKLED_INDICES, KIND_REMAP, KIND_TASK, TASK_HEADER)
+from ._ring import ASSIGNED, CANCELLED, FREE, PIPED, READY
+from ._worker import Lifeline, WorkerConfig, worker_loop
+from .shared_batch import SharedBatchRingBuffer
+
+__all__ = ["Pool", "WorkerError"]
+
+#: Seconds a worker gets to exit after STOP before it is terminated, then killed.
+JOIN_SECONDS = 2.0
+#: Seconds between liveness checks of the workers while waiting for a batch.
+LIVENESS_CHECK_SECONDS = 0.05
+#: Headroom given to a slot that grows, so that slightly larger batches fit.
+SLOT_GROWTH = 1.25
+#: Headroom given to a slot that grows, so that slightly larger batches fit.
+SLOT_GROWTH = 1.25
+
+
+class WorkerError(RuntimeError):
+    """A worker process died (signal, ``os._exit``, OOM kill); names its pid and signal or exit code."""
+
+    def __init__(self, message, pid=None, exitcode=None):
+        super().__init__(message)
+        self.pid = pid
+        self.exitcode = exitcode
+
+
+def _describe_exit(wid, pid, code):
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = "unknown signal"
+        return f"DataLoader worker {wid} (pid {pid}) was killed by signal {-code} ({name})"
+    return f"DataLoader worker {wid} (pid {pid}) exited unexpectedly with exit code {code}"
+
+
+#: Descriptors only the main process may hold (each pool's pipe ends and
+#: lifeline): a worker started by fork inherits them and shuts its copies, so
+#: that the main process's death is an EOF for every worker.
+_MAIN_ONLY_FDS = set()
+
+
+def _shutdown(procs, conns, header, lifeline):
+    """End worker processes: STOP, then the lifeline, then terminate, then kill; close the pipes."""
+    for wid in range(len(procs)):
+        header.push(wid, ENTRY_STOP)  # a full queue: the lifeline below ends it
+    deadline = time.monotonic() + JOIN_SECONDS
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for c in conns + [lifeline]:
+        try:
+            _MAIN_ONLY_FDS.discard(c.fileno())
+        except (OSError, ValueError):
+            pass
+        try:
+            c.close()
+        except OSError:
+            pass
+    # The lifeline's EOF makes every worker still running exit at once.
+    for p in procs:
+        if p.exitcode is None:
+            p.join(0.5)
+        if p.exitcode is None:
+            p.terminate()
+            p.join(0.5)
+        if p.exitcode is None:
+            p.kill()
+            p.join(0.5)
+
+
+def _start_failed(exc, wid, method):
+    """Say, on the start error itself, which worker could not be started and why."""
+    if isinstance(exc, (pickle.PicklingError, TypeError, AttributeError)) and method != "fork":
+        why = (f"the dataset, collate_fn, transforms or worker_init_fn must be picklable to "
+               f"start workers with {method!r}: define them at module level, or use "
+               f"multiprocessing_context='fork' (Linux)")
+    elif isinstance(exc, (BlockingIOError, OSError)):
+        why = ("the system refused a new process (a limit on processes or memory); use fewer "
+               "num_workers or raise the limit")
+    else:
+        why = "see the error above"
+    note = f"netcl_loader: could not start DataLoader worker {wid} ({method}): {why}"
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    elif exc.args and isinstance(exc.args[0], str):
+        exc.args = (f"{exc.args[0]} ({note})",) + exc.args[1:]
+
+
+class Pool:
+    """The worker processes and the ring they write into.
+
+    Ownership: the main process owns the ring's memory and the slot
+    assignment (it hands a free slot with each task, and frees slots as it
+    consumes them); workers only fill the slot they were given and publish it.
+    The main process alone holds the write end of the workers' lifeline: its
+    death (or this pool's close) is an EOF that ends every worker.
+    """
+
+    def __init__(self, loader):
+        # No reference to the loader: the loader owns the pool, and its
+        # collection must close the pool.
+        self.stats = loader._stats
+        self.use_shared_mem = loader.use_shared_mem
+        ctx = loader._mp_context
+        method = ctx.get_start_method()
+        nslots = loader.prefetch + 2
+        W = loader.num_workers
+        # A task's indices travel in the ring header: room for a batch of
+        # batch_size (batch samplers: up to 512); longer ones go by pipe.
+        per_task = loader.batch_size or (1 if loader.batch_sampler is None else 512)
+        self.ring = SharedBatchRingBuffer(nslots, 0, task_queues=W, index_bytes=8 * (per_task + 1))
+        self.header = self.ring.header
+        self.free = list(range(nslots - 1, -1, -1))
+        self.slot_task = [None] * nslots      # (token, seq, worker id) of an assigned slot
+        self.slot_need = 0                    # bytes a slot should hold, learnt from batches
+        self.stash = {}                       # (token, seq) -> payload received early
+        self.lent = {}                        # slot -> refcount of its region when lent
+        self.procs, self.conns = [], []
+        self.alive = True
+        config = WorkerConfig(0, W, loader.dataset, loader.collate_fn, loader.transforms,
+                              loader.worker_init_fn, loader.seed, loader.worker_seeding,
+                              loader.rank, loader.world_size, loader._distributed,
+                              loader.use_shared_mem, loader._batched, loader.batch_size,
+                              loader.drop_last, loader.iterable)
+        lifeline_r, self.lifeline = ctx.Pipe(duplex=False)
+        _MAIN_ONLY_FDS.add(self.lifeline.fileno())
+        # PR_SET_PDEATHSIG fires when the parent *thread* ends: only safe when
+        # the pool is started by the main thread.
+        death_signal = threading.current_thread() is threading.main_thread()
+        # Under forkserver the parent is the fork server, not this process.
+        parent = os.getpid() if method != "forkserver" else None
+        try:
+            for wid in range(W):
+                main_end, worker_end = ctx.Pipe(duplex=True)
+                self.conns.append(main_end)
+                _MAIN_ONLY_FDS.add(main_end.fileno())
+                lifeline = Lifeline(lifeline_r, parent,
+                                    tuple(sorted(_MAIN_ONLY_FDS)) if method == "fork" else (),
+                                    death_signal)
+                p = ctx.Process(target=worker_loop, name=f"netcl_loader-worker-{wid}", daemon=True,
+                                args=(config._replace(worker_id=wid), worker_end, self.ring,
+                                      lifeline))
+                try:
+                    p.start()
+                except BaseException as exc:
+                    worker_end.close()
+                    _start_failed(exc, wid, method)
+                    raise
+                self.procs.append(p)
+                worker_end.close()
+        except BaseException:
+            lifeline_r.close()
+            _shutdown(self.procs, self.conns, self.header, self.lifeline)
+            raise
+        lifeline_r.close()
+        # Runs at close(), at collection and at interpreter exit, whichever is first.
+        self._finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns, self.header,
+                                           self.lifeline)
+        loader._stats.ring_slots = nslots
+        loader._stats.ring_bytes = self.ring.nbytes
+
+    # -- slots -------------------------------------------------------------------
+    def grow(self, slot, nbytes):
+        """Give ``slot`` a larger region and hand it to every worker (before any task uses it)."""
+        from multiprocessing import reduction
+        seg = self.ring.grow(slot, nbytes)
+        msg = TASK_HEADER.pack(KIND_REMAP, 0, 0, seg.nbytes, slot, 0)
+        for wid, (p, c) in enumerate(zip(self.procs, self.conns)):
+            self.send(wid, msg)
+            try:
+                reduction.send_handle(c, seg.handle, p.pid)
+            except (OSError, ValueError):
+                self.lost(wid)
+            self.push(wid, ENTRY_REMAP | slot)
+        self.stats.ring_bytes = self.ring.nbytes
+
+    def push(self, wid, entry):
+        """Queue an entry for worker ``wid`` (a store; a wake only if it sleeps)."""
+        while not self.header.push(wid, entry):
+            # Cannot happen with the queue's capacity; never spin all the same.
+            self.check_alive()
+            time.sleep(0.001)
+
+    def send(self, wid, data):
+        try:
+            self.conns[wid].send_bytes(data)
+        except (OSError, ValueError):
+            self.lost(wid)
+
+    def lost(self, wid):
+        """Worker ``wid``'s pipe is closed: it is dying; raise the WorkerError that names it."""
+        p = self.procs[wid]
+        p.join(JOIN_SECONDS)  # its exit code, once the exit completes
+        self.check_alive()
+        self.close()
+        raise WorkerError(f"lost the connection to DataLoader worker {wid} (pid {p.pid})", pid=p.pid)
+
+    def dispatch(self, token, seq, epoch, indices, wid):
+        """Hand task ``seq`` (its ``indices``) and a free slot to worker ``wid``."""
+        slot = self.free[-1]
+        if self.use_shared_mem and self.ring.capacity(slot) < self.slot_need:
+            self.grow(slot, self.slot_need)  # may raise SharedMemoryError: the slot stays free
+        self.free.pop()
+        self.slot_task[slot] = (token, seq, wid)
+        self.header.set_task(slot, token, seq, wid + 1, epoch)
+        self.header.claim(slot, FREE, ASSIGNED)
+        if isinstance(indices, np.ndarray):
+            payload, flags = indices.tobytes(), 0
+        elif all(type(i) is int for i in indices):
+            payload, flags = np.asarray(indices, np.int64).tobytes(), 0
+        else:
+            payload, flags = pickle.dumps(list(indices)), FLAG_PICKLED_INDICES
+        if not flags and self.header.set_indices(slot, payload):
+            self.push(wid, ENTRY_TASK | slot)
+        else:
+            self.send(wid, TASK_HEADER.pack(KIND_TASK, flags, token, seq, slot, epoch) + payload)
+            self.push(wid, ENTRY_PIPED_TASK | slot)
+        return slot, wid
+
+    def refs(self, slot):
+        """References to the region of ``slot`` (each array made from it holds one)."""
+        return sys.getrefcount(self.ring._segments[slot])
+
+    def reclaim_lent(self):
+        """Free lent slots whose arrays the caller has dropped."""
+        for slot, base in list(self.lent.items()):
+            if self.refs(slot) <= base:
+                del self.lent[slot]
+                self.release(slot)
+
+    def release(self, slot):
+        self.slot_task[slot] = None
+        self.header.publish(slot, FREE)
+        self.free.append(slot)
+
+    def recv(self, wid, token, seq, timeout=None):
+        """The pipe payload of batch ``seq`` of iteration ``token`` from worker ``wid``.
+
+        Raises TimeoutError after ``timeout`` seconds (None: never), and
+        WorkerError when the worker dies meanwhile.
+        """
+        key = (token, seq)
+        if key in self.stash:
+            return self.stash.pop(key)
+        conn = self.conns[wid]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            while not conn.poll(LIVENESS_CHECK_SECONDS):
+                self.check_alive()
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"DataLoader timed out after timeout={timeout} s waiting for batch {seq} "
+                        f"from worker {wid} (pid {self.procs[wid].pid}) to arrive by pipe")
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                self.lost(wid)
+            if (msg.token, msg.seq) == key:
+                return msg
+            # Another batch's payload, of this iteration or a stale one: its
+            # slot is PIPED and will ask for it (reap() for a stale one).
+            self.stash[(msg.token, msg.seq)] = msg
+
+    def _poll_stale(self, wid, key):
+        """Stash what worker ``wid`` has sent so far; True once ``key``'s payload is in."""
+        conn = self.conns[wid]
+        try:
+            while key not in self.stash and conn.poll(0):
+                msg = conn.recv()
+                self.stash[(msg.token, msg.seq)] = msg
+        except (EOFError, OSError):
+            self.lost(wid)
+        return key in self.stash
+
+    def reap(self, token):
+        """Free the slots of older iterations whose workers have finished with them.
+
+        Never waits: a stale batch still on its way by pipe is freed by a later call.
+        """
+        for slot, task in enumerate(self.slot_task):
+            if task is None or task[0] == token or slot in self.lent:
+                continue  # a lent slot is freed by reclaim_lent once the caller drops it
+            st = self.header.state(slot)
+            if st == PIPED:
+                key = (task[0], task[1])
+                if not self._poll_stale(task[2], key):
+                    continue
+                del self.stash[key]
+            elif st not in (READY, CANCELLED):
+                continue
+            self.release(slot)
+
+    def check_alive(self, force=False):
+        for wid, p in enumerate(self.procs):
+            if p.exitcode is not None:
+                msg = _describe_exit(wid, p.pid, p.exitcode)
+                self.close()
+                raise WorkerError(msg, pid=p.pid, exitcode=p.exitcode)
+        if force:
+            self.close()
+            raise WorkerError("lost the connection to a DataLoader worker")
+
+    def close(self):
+        self.alive = False
+        self._finalizer()

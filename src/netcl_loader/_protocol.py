@@ -1,0 +1,91 @@
+"""The wire protocol between the main process and its workers, used by both sides.
+
+Flow: the main process puts an *entry* (a kind and a slot id, one 32-bit
+word) on a worker's task queue in the ring header; the task itself (token,
+batch number, epoch, indices) lies in the slot's header and index area, or,
+when it does not fit there, on the worker's pipe after a ``TASK_HEADER``.
+The worker answers by publishing the slot READY (the batch is in the slot)
+or PIPED (a :class:`Result` follows on its pipe: a batch that did not fit,
+an error record, or the end of its stream).
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+import traceback
+from typing import Any, NamedTuple
+
+import numpy as np
+
+__all__ = ["Result", "error_record", "rebuild_error"]
+
+# Entries of a worker's task queue: a kind in the top byte, a slot below.
+ENTRY_KIND_MASK = 0xFF000000
+ENTRY_SLOT_MASK = 0x00FFFFFF
+ENTRY_TASK = 0 << 24          # the task is in the slot's header and index area
+ENTRY_PIPED_TASK = 1 << 24    # the task message waits on the worker's pipe
+ENTRY_REMAP = 2 << 24         # a new region for the slot waits on the pipe
+ENTRY_STOP = 3 << 24
+
+# Messages on a worker's pipe: a fixed header, then a payload.
+# kind, flags, token, seq (or bytes for a remap), slot, epoch
+TASK_HEADER = struct.Struct("<BBxxIQII")
+KIND_TASK = 1
+KIND_REMAP = 2
+FLAG_PICKLED_INDICES = 1  # indices are not all ints: the payload is a pickle
+
+
+
+#: Kinds of a Result.
+BATCH = "batch"     # payload: the batch
+ERROR = "error"     # payload: an error_record
+END = "end"         # the worker's stream of an iterable-style dataset has ended
+
+
+class Result(NamedTuple):
+    """What a worker sends on its pipe for one task."""
+
+    kind: str        # BATCH, ERROR or END
+    token: int       # the iteration the task belongs to
+    seq: int         # the task's batch number
+    payload: Any
+
+
+class _KeyErrorMessage(str):
+    """KeyError quotes its argument; this keeps the traceback readable."""
+
+    def __repr__(self):
+        return self
+
+
+def error_record(exc, indices, worker_id):
+    """A picklable description of an exception raised while loading a batch."""
+    try:
+        exc_type = pickle.loads(pickle.dumps(type(exc)))
+    except Exception:
+        exc_type = None
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    idx = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
+    return (exc_type, type(exc).__qualname__, tb, idx, worker_id, os.getpid())
+
+
+def rebuild_error(record):
+    """The exception to raise in the main process for a worker's error record."""
+    exc_type, name, tb, indices, worker_id, pid = record
+    where = "the main process" if worker_id is None else f"DataLoader worker {worker_id} (pid {pid})"
+    shown = indices if len(indices) <= 16 else indices[:16] + ["..."]
+    msg = (f"Caught {name} in {where} while loading the batch of dataset indices {shown}.\n"
+           f"Original traceback:\n{tb}")
+    if exc_type is not None:
+        if exc_type is KeyError:
+            msg = _KeyErrorMessage(msg)
+        try:
+            exc = exc_type(msg)
+            if isinstance(exc, BaseException):
+                return exc
+        except Exception:
+            pass
+    return RuntimeError(msg)
+
+
