@@ -1,45 +1,10 @@
 """Teardown in subprocesses: a killed main process, a killed worker, exhausted memory, clean exits."""
 import os
-import subprocess
+import signal
 import sys
-import textwrap
 
 import pytest
-from procs import wait_gone
-
-LOADER_SETUP = """
-import os, sys, time, signal
-import numpy as np
-from netcl_loader import DataLoader, ArrayDataset
-
-class Slow:
-    def __init__(self, n, delay):
-        self.n, self.delay = n, delay
-    def __len__(self):
-        return self.n
-    def __getitem__(self, i):
-        time.sleep(self.delay)
-        return np.full((64, 64), i, np.float32), i
-"""
-
-
-def _run(code, timeout=60):
-    # A file, not -c: spawned workers re-import the main module.
-    import tempfile
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "script.py")
-        with open(path, "w") as f:
-            f.write(textwrap.dedent(LOADER_SETUP) + textwrap.dedent(code))
-        return subprocess.run([sys.executable, path], capture_output=True, text=True,
-                              timeout=timeout)
-
-
-def _dev_shm():
-    try:
-        return set(os.listdir("/dev/shm"))
-    except FileNotFoundError:
-        return set()
-
+from procs import EXIT_WAIT_SECONDS, dev_shm, run_child, run_killed, wait_gone
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="reads /proc to follow processes: Linux only")
@@ -47,11 +12,11 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_main_killed_leaves_no_worker_and_nothing_in_dev_shm(method):
-    before = _dev_shm()
-    out = _run(f"""
+    before = dev_shm()
+    out = run_child(f"""
         if __name__ == "__main__":
-            loader = DataLoader(Slow(400, 0.002), batch_size=8, num_workers=2, seed=0,
-                                multiprocessing_context="{method}")
+            loader = DataLoader(Slow(400, 0.002, shape=(64, 64)), batch_size=8, num_workers=2,
+                                seed=0, multiprocessing_context="{method}")
             it = iter(loader)
             next(it); next(it)
             print("PIDS", *loader.worker_pids, flush=True)
@@ -61,13 +26,14 @@ def test_main_killed_leaves_no_worker_and_nothing_in_dev_shm(method):
     pids = [int(p) for p in out.stdout.split("PIDS")[1].split()]
     assert len(pids) == 2
     assert wait_gone(pids, 5.0), f"workers {pids} still alive 5 s after the main process died"
-    assert _dev_shm() - before == set()
+    assert dev_shm() - before == set()
 
 
 def test_worker_killed_while_holding_a_slot_raises_and_the_next_epoch_is_whole():
-    out = _run("""
+    out = run_child("""
         from netcl_loader import WorkerError
-        loader = DataLoader(Slow(64, 0.01), batch_size=4, num_workers=2, seed=3, prefetch=4)
+        loader = DataLoader(Slow(64, 0.01, shape=(64, 64)), batch_size=4, num_workers=2, seed=3,
+                            prefetch=4)
         it = iter(loader)
         next(it)
         victim = loader.worker_pids[1]
@@ -93,7 +59,7 @@ def test_worker_killed_while_holding_a_slot_raises_and_the_next_epoch_is_whole()
 
 
 def test_loader_out_of_shared_memory_names_the_bytes_and_a_remedy():
-    out = _run("""
+    out = run_child("""
         import resource
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         x = np.zeros((64, 1 << 18), np.uint8)   # 16 MiB per batch of 64
@@ -118,8 +84,8 @@ def test_loader_out_of_shared_memory_names_the_bytes_and_a_remedy():
 
 
 def test_clean_exit_without_close_leaves_no_worker_and_no_stderr():
-    out = _run("""
-        loader = DataLoader(Slow(40, 0), batch_size=8, num_workers=2, seed=0)
+    out = run_child("""
+        loader = DataLoader(Slow(40, 0, shape=(64, 64)), batch_size=8, num_workers=2, seed=0)
         it = iter(loader)
         next(it)
         print("PIDS", *loader.worker_pids, flush=True)
@@ -132,10 +98,10 @@ def test_clean_exit_without_close_leaves_no_worker_and_no_stderr():
 
 
 def test_collected_loader_ends_its_workers():
-    out = _run("""
+    out = run_child("""
         import gc
         gc.disable()  # reference counting alone must free it: no cycle keeps a loader
-        loader = DataLoader(Slow(40, 0), batch_size=8, num_workers=2, seed=0)
+        loader = DataLoader(Slow(40, 0, shape=(64, 64)), batch_size=8, num_workers=2, seed=0)
         for _ in loader:
             pass
         for _ in loader:   # a finished epoch has started the next one's tasks
@@ -155,3 +121,138 @@ def test_collected_loader_ends_its_workers():
     """)
     assert out.returncode == 0, out.stderr
     assert "ALIVE []" in out.stdout
+
+
+# -- the main process SIGKILLed, watched from a subreaper (SPEC §5) ------------------
+#
+# Each program prints its workers' pids and then KILL, at the moment it is to
+# die; the launcher (tests/procs.py) kills it then, and, being the orphans'
+# new parent, times each one's exit and looks for the ring in their maps.
+
+#: The program of each case: {M} is the start method.
+KILL_PROGRAMS = {
+    # Big batches by pipe that the main process never reads: both workers
+    # block in conn.send() (their peer is the main process alone).
+    "blocked-in-send": """
+        if __name__ == "__main__":
+            loader = DataLoader(Slow(1000, 0, shape=(1 << 20,)), batch_size=2, num_workers=2,
+                                seed=0, use_shared_mem=False, multiprocessing_context="{M}")
+            it = iter(loader)
+            next(it)
+            time.sleep(1.0)   # the next batches are on their way, and do not fit the pipe
+            print("PIDS", *loader.worker_pids, flush=True)
+            print("KILL", flush=True)
+            time.sleep(60)
+    """,
+    # close() from a thread, its workers stuck in a slow dataset: killed while
+    # close() waits for them.
+    "during-close": """
+        if __name__ == "__main__":
+            loader = DataLoader(SlowAfter(100, fast_below=2, seconds=60), batch_size=2,
+                                shuffle=False, num_workers=2, seed=0,
+                                multiprocessing_context="{M}")
+            it = iter(loader)
+            next(it)
+            time.sleep(0.3)
+            print("PIDS", *loader.worker_pids, flush=True)
+            closer = threading.Thread(target=loader.close)
+            closer.start()
+            time.sleep(0.5)
+            print("IN_CLOSE" if closer.is_alive() else "CLOSED", flush=True)
+            print("KILL", flush=True)
+            time.sleep(60)
+    """,
+    # Every batch is bigger than the last: slots keep growing, and each new
+    # region is being handed to the workers when the kill comes.
+    "slot-growth": """
+        class Growing:
+            def __len__(self):
+                return 5000
+            def __getitem__(self, i):
+                return np.zeros(8192 * (1 + i // 2), np.uint8)  # batch k: (2, 8 KiB * (k + 1))
+
+        if __name__ == "__main__":
+            loader = DataLoader(Growing(), batch_size=2, shuffle=False, num_workers=2, seed=0,
+                                multiprocessing_context="{M}")
+            for k, b in enumerate(loader):
+                if k == 30:
+                    print("PIDS", *loader.worker_pids, flush=True)
+                    print("PIPED", loader.stats.piped_batches, flush=True)
+                    print("KILL", flush=True)
+    """,
+    # prefetch 8: each worker has several 2-second tasks queued behind the one
+    # it is sleeping in.
+    "queued-slow-tasks": """
+        if __name__ == "__main__":
+            loader = DataLoader(Slow(400, 1.0), batch_size=2, num_workers=2, prefetch=8, seed=0,
+                                multiprocessing_context="{M}")
+            it = iter(loader)
+            next(it)
+            print("PIDS", *loader.worker_pids, flush=True)
+            print("KILL", flush=True)
+            time.sleep(60)
+    """,
+    # The pool started by a thread other than the main one: no parent-death
+    # signal (it would fire when that thread ends), so the lifeline alone
+    # must end the workers.
+    "pool-from-thread": """
+        if __name__ == "__main__":
+            loader = DataLoader(Slow(400, 1.0), batch_size=2, num_workers=2, prefetch=8, seed=0,
+                                multiprocessing_context="{M}")
+            started = threading.Event()
+            def run():
+                it = iter(loader)
+                next(it)
+                started.set()
+                time.sleep(60)
+            threading.Thread(target=run, daemon=True).start()
+            started.wait(60)
+            print("PIDS", *loader.worker_pids, flush=True)
+            print("KILL", flush=True)
+            time.sleep(60)
+    """,
+}
+
+
+def _printed(report, key):
+    """The words after ``key`` on the line the program printed starting with it."""
+    for line in report["stdout"]:
+        if line.split()[:1] == [key]:
+            return line.split()[1:]
+    raise AssertionError(f"the program printed no {key} line: {report}")
+
+
+def assert_nothing_left(report):
+    """SPEC §5 on a report of run_killed: every orphan gone within 5 s, the ring with them."""
+    assert report["killed"] and report["main_returncode"] == -signal.SIGKILL, \
+        "\n".join(report["stdout"] + report["stderr"])
+    workers = [int(p) for p in _printed(report, "PIDS")]
+    before = {b["pid"]: b for b in report["before"]}
+    assert len(workers) == 2 and set(workers) <= set(before), report
+    # The check below means something only if the workers did map the ring.
+    assert all(before[p]["holds_ring"] for p in workers), report["before"]
+    late = [o for o in report["orphans"] if o["survived_s"] > EXIT_WAIT_SECONDS]
+    assert not late, f"alive more than {EXIT_WAIT_SECONDS} s after the kill: {late}"
+    assert report["survivors"] == [], report["orphans"]
+    held = [o for o in report["orphans"]
+            if o["ring_held_s"] is not None and o["ring_held_s"] > EXIT_WAIT_SECONDS]
+    assert not held and report["ring_held_at_end"] == [], report["orphans"]
+    assert report["dev_shm_new"] == []
+    assert report["stderr"] == [], "\n".join(report["stderr"])
+    return before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+@pytest.mark.parametrize("case", list(KILL_PROGRAMS))
+def test_main_sigkilled_leaves_no_orphan_and_no_ring(case, method):
+    report = run_killed(KILL_PROGRAMS[case].replace("{M}", method))
+    before = assert_nothing_left(report)
+    if case == "blocked-in-send":
+        wchans = [before[int(p)]["wchan"] for p in _printed(report, "PIDS")]
+        if any(w not in ("", "0") for w in wchans):  # the kernel shows where tasks sleep
+            assert any("send" in w for w in wchans), wchans
+    elif case == "during-close":
+        assert "IN_CLOSE" in report["stdout"], report["stdout"]
+    elif case == "slot-growth":
+        assert int(_printed(report, "PIPED")[0]) > 0  # batches outgrew their slots

@@ -6,7 +6,8 @@ import warnings
 
 import numpy as np
 
-from ._pool import LIVENESS_CHECK_SECONDS, SLOT_GROWTH, WorkerError
+from ._pool import (LEASE_NEXT_CALL, LEASE_REFS, LEASE_UPLOAD, LIVENESS_CHECK_SECONDS, SLOT_GROWTH,
+                    WorkerError)
 from ._protocol import BATCH, END, ERROR, rebuild_error
 from ._ring import PIPED, READY
 from ._tree import batch_len, read_only
@@ -14,6 +15,16 @@ from ._worker import RngStates, StreamEnd
 from .shared_batch import COPY, LEND, VIEW, WAIT_SLICE_MS, decode
 
 __all__ = ["EpochIterator"]
+
+#: Delivery modes of a batch in a READY slot: how it is decoded, and the lease
+#: that frees the slot (None: freed at once).  A bound queue decodes views and
+#: leases the slot until the upload completes (LEASE_UPLOAD, in _upload); a
+#: piped batch frees its slot at once.
+DELIVERY = {
+    "lend": (LEND, LEASE_REFS),            # writable views the caller owns
+    "zero_copy": (VIEW, LEASE_NEXT_CALL),  # read-only views until the next batch
+    "copy": (COPY, None),                  # arrays copied out (from the output pool)
+}
 
 #: Slots whose memory may be lent to the caller at once (copy mode): a caller
 #: that keeps more batches than this gets copies instead, so prefetching
@@ -42,8 +53,6 @@ class EpochIterator:
         self.done_prefix = prefix        # batches 0..prefix-1 are done
         self.done_extra = set(extra)     # done batches past the prefix (in_order=False)
         self.pending = {}                # seq -> (slot, worker id, n samples)
-        self.held = None                 # slot lent to the caller (zero_copy)
-        self.deferred = []               # (slot, GpuBatch): slot freed when its upload completes
         self._last = None                # end of the previous next(), for wall time
         self.iterable = loader.iterable
         if self.iterable:
@@ -122,16 +131,13 @@ class EpochIterator:
             return self._next_inline(now)
         try:
             while True:
-                self._release_held()
-                self._poll_deferred()
-                if self.pool.lent:
-                    self.pool.reclaim_lent()
+                self._reclaim(next_call=True)
                 self._fill()
                 while not self.pending:
                     if not self._tasks_left:
                         self._finish()
                         raise StopIteration
-                    self._wait_for_slot()  # every slot is lent, deferred or still stale
+                    self._wait_for_slot()  # every slot is leased or still stale
                     self._fill()
                 seq, slot, wid, n = self._wait()
                 state = self.pool.header.state(slot)
@@ -169,8 +175,6 @@ class EpochIterator:
             self.finished = True
             loader._stopped = (self.epoch, self.done_prefix, set(self.done_extra))
             self.pending = {}
-            self.deferred = []
-            self.held = None
             loader._end_epoch_pool()
             raise
         if self.iterable:
@@ -308,9 +312,7 @@ class EpochIterator:
         while True:
             seen = header.gen()
             pool.reap(self.token)
-            if pool.lent:
-                pool.reclaim_lent()
-            self._poll_deferred()
+            self._reclaim()
             if pool.free:
                 break
             pool.check_alive()
@@ -318,39 +320,67 @@ class EpochIterator:
                 self._abandon()
                 raise TimeoutError(f"DataLoader timed out after timeout={loader.timeout} s "
                                    f"waiting for a free ring slot (the caller holds "
-                                   f"{len(pool.lent)} batches)")
+                                   f"{pool.lent_count()} batches)")
             header.wait_gen(seen, WAIT_SLICE_MS)
         loader._stats.wait_seconds += time.perf_counter() - t0
 
+    def _reclaim(self, next_call=False):
+        pool = self.pool
+        pool.reclaim(next_call)
+        if not pool.free and pool.leases:
+            t0 = time.perf_counter()
+            # Time the caller waits for the device, too.
+            while not pool.free and pool.wait_oldest_upload():
+                pass
+            self.loader._stats.wait_seconds += time.perf_counter() - t0
+
     # -- delivery -----------------------------------------------------------------
     def _take_ready(self, slot):
+        """The batch of a READY slot, delivered as one row of DELIVERY says."""
         loader, pool = self.loader, self.pool
         meta_off, meta_len, _ = pool.header.result(slot)
-        if not loader.zero_copy and loader._uploader is None and len(pool.lent) < MAX_LENT_SLOTS:
-            # Lend the slot: the caller gets writable arrays in it, and the slot
-            # is reused only once the caller has dropped every one of them.
-            # Cheaper than a copy, and the caller still owns what it gets.
-            base = pool.refs(slot)
-            batch = decode(pool.ring.segment(slot), meta_off, meta_len, LEND, output=loader.output)
-            pool.lent[slot] = base
-            return loader._finalize(batch)
+        # The region's references before any view of it exists (and before
+        # `seg` below holds one): a lent slot is free again once back to this.
+        base = pool.refs(slot)
         seg = pool.ring.segment(slot)
         if loader._uploader is not None:
-            views = decode(seg, meta_off, meta_len, VIEW)
-            try:
-                gb = loader._uploader.upload(views)
-            except Exception as exc:
-                self._upload_failed(exc)
-            else:
-                loader._stats.uploads += 1
-                self.deferred.append((slot, gb))
-                return gb
+            batch = self._upload(decode(seg, meta_off, meta_len, VIEW), slot)
+            if batch is not None:
+                return batch
         if loader.zero_copy:
-            self.held = slot
-            return loader._finalize(decode(seg, meta_off, meta_len, VIEW, output=loader.output))
-        batch = decode(seg, meta_off, meta_len, COPY, loader._out_pool, output=loader.output)
-        pool.release(slot)
+            mode = "zero_copy"
+        elif loader._uploader is None and pool.lent_count() < MAX_LENT_SLOTS:
+            mode = "lend"
+        else:
+            mode = "copy"
+        how, lease = DELIVERY[mode]
+        batch = decode(seg, meta_off, meta_len, how, loader._out_pool if how == COPY else None,
+                       output=loader.output)
+        if lease is None:
+            pool.release(slot)
+        else:
+            pool.lease(slot, lease, base if lease == LEASE_REFS else None)
         return loader._finalize(batch)
+
+    def _upload(self, batch, slot=None):
+        """``batch`` on the bound queue's device; its slot (if any) is leased until the
+        copies complete.  On an OpenCL error: None for a slot's batch (the caller
+        decodes it another way), the batch itself otherwise; warns once."""
+        loader = self.loader
+        try:
+            gb = loader._uploader.upload(batch)
+        except Exception as exc:
+            loader._stats.upload_fallbacks += 1
+            if not loader._warned_upload:
+                loader._warned_upload = True
+                warnings.warn(f"OpenCL upload failed ({_describe_error(exc)}); yielding NumPy "
+                              f"batches instead (counted in loader.stats.upload_fallbacks)",
+                              RuntimeWarning, stacklevel=4)
+            return None if slot is not None else batch
+        loader._stats.uploads += 1
+        if slot is not None:
+            self.pool.lease(slot, LEASE_UPLOAD, gb)
+        return gb
 
     def _upload_owned(self, batch):
         """Upload a batch whose arrays the loader owns (pipe path, num_workers=0)."""
@@ -358,57 +388,12 @@ class EpochIterator:
         if loader._uploader is None:
             # zero_copy promises read-only arrays: piped and in-process batches too.
             return read_only(batch) if loader.zero_copy else batch
-        try:
-            gb = loader._uploader.upload(batch)
-        except Exception as exc:
-            self._upload_failed(exc)
-            return batch
-        loader._stats.uploads += 1
-        return gb
+        return self._upload(batch)
 
-    def _upload_failed(self, exc):
-        loader = self.loader
-        loader._stats.upload_fallbacks += 1
-        if not loader._warned_upload:
-            loader._warned_upload = True
-            warnings.warn(f"OpenCL upload failed ({_describe_error(exc)}); yielding NumPy "
-                          f"batches instead (counted in loader.stats.upload_fallbacks)",
-                          RuntimeWarning, stacklevel=4)
-
-    def _release_held(self):
-        if self.held is not None:
-            slot, self.held = self.held, None
-            self.pool.release(slot)
-
-    def _poll_deferred(self):
-        if self.deferred:
-            keep = []
-            for slot, gb in self.deferred:
-                if gb.ready():
-                    self.pool.release(slot)
-                else:
-                    keep.append((slot, gb))
-            self.deferred = keep
-        if not self.pool.free and self.deferred:
-            # Every slot waits on an upload (the device is the bottleneck): the
-            # oldest is the next to finish.  Time the caller waits, too.
-            t0 = time.perf_counter()
-            while not self.pool.free and self.deferred:
-                slot, gb = self.deferred.pop(0)
-                try:
-                    gb.wait()  # re-raises a failed copy, once every copy has finished
-                finally:
-                    self.pool.release(slot)
-            self.loader._stats.wait_seconds += time.perf_counter() - t0
-
-    def _wait_deferred(self):
-        for slot, gb in self.deferred:
-            try:
-                gb.wait()
-            finally:
-                if self.pool is not None and self.pool is self.loader._pool:
-                    self.pool.release(slot)
-        self.deferred = []
+    def _wait_uploads(self):
+        """Wait for this iteration's pending device copies and free their slots."""
+        if self.pool is not None and self.pool is self.loader._pool:
+            self.pool.reclaim(wait_uploads=True)
 
     # -- ending -----------------------------------------------------------------
     def _finish(self):
@@ -430,18 +415,17 @@ class EpochIterator:
                 self.loader._end_epoch_pool()
 
     def _cleanup(self):
-        try:
-            self._wait_deferred()
-        except Exception:
-            pass
         if self.pool is not None and self.pool is self.loader._pool and self.pool.alive:
-            if self.held is not None:
-                self._release_held()
+            try:
+                # Views expire and uploads are waited for; lent slots stay
+                # leased while the caller holds their arrays.
+                self.pool.reclaim(next_call=True, wait_uploads=True)
+            except Exception:
+                pass
             # Slots still in flight belong to an old token now and are reaped
             # by the next iteration; tell workers to skip their tasks.
             self.loader._token = (self.loader._token + 1) & 0xFFFFFFFF
             self.pool.header.set_token(self.loader._token)
-        self.held = None
         self.pending = {}
 
     def __del__(self):

@@ -25,8 +25,20 @@ JOIN_SECONDS = 2.0
 LIVENESS_CHECK_SECONDS = 0.05
 #: Headroom given to a slot that grows, so that slightly larger batches fit.
 SLOT_GROWTH = 1.25
+
+#: Leases: what frees a slot whose batch was handed to the caller without a
+#: copy.  (A copied or piped batch frees its slot at once, with no lease.)
+LEASE_NEXT_CALL = 1   # zero_copy: read-only views, valid until the next batch is asked for
+LEASE_REFS = 2        # lent: once the caller has dropped every array made from the slot
+LEASE_UPLOAD = 3      # a bound queue: once the batch's device copies have completed
 #: Headroom given to a slot that grows, so that slightly larger batches fit.
 SLOT_GROWTH = 1.25
+
+#: Leases: what frees a slot whose batch was handed to the caller without a
+#: copy.  (A copied or piped batch frees its slot at once, with no lease.)
+LEASE_NEXT_CALL = 1   # zero_copy: read-only views, valid until the next batch is asked for
+LEASE_REFS = 2        # lent: once the caller has dropped every array made from the slot
+LEASE_UPLOAD = 3      # a bound queue: once the batch's device copies have completed
 
 
 class WorkerError(RuntimeError):
@@ -128,7 +140,9 @@ class Pool:
         self.slot_task = [None] * nslots      # (token, seq, worker id) of an assigned slot
         self.slot_need = 0                    # bytes a slot should hold, learnt from batches
         self.stash = {}                       # (token, seq) -> payload received early
-        self.lent = {}                        # slot -> refcount of its region when lent
+        # slot -> (LEASE_*, the region's refcount when lent | the GpuBatch):
+        # every slot handed to the caller; reclaim() alone ends leases.
+        self.leases = {}
         self.procs, self.conns = [], []
         self.alive = True
         config = WorkerConfig(0, W, loader.dataset, loader.collate_fn, loader.transforms,
@@ -235,12 +249,54 @@ class Pool:
         """References to the region of ``slot`` (each array made from it holds one)."""
         return sys.getrefcount(self.ring._segments[slot])
 
-    def reclaim_lent(self):
-        """Free lent slots whose arrays the caller has dropped."""
-        for slot, base in list(self.lent.items()):
-            if self.refs(slot) <= base:
-                del self.lent[slot]
+    def lease(self, slot, kind, value=None):
+        """Hand ``slot`` to the caller until ``kind``'s condition holds (see LEASE_*)."""
+        self.leases[slot] = (kind, value)
+
+    def lent_count(self):
+        return sum(1 for kind, _ in self.leases.values() if kind == LEASE_REFS)
+
+    def reclaim(self, next_call=False, wait_uploads=False):
+        """Free every leased slot whose condition holds: the one place leases end.
+
+        ``next_call``: the caller asked for the next batch (zero_copy views
+        expire).  ``wait_uploads``: wait for pending device copies first (the
+        end of an iteration, or every slot waiting on the device).
+        """
+        if not self.leases:
+            return
+        first_error = None
+        for slot, (kind, value) in list(self.leases.items()):
+            if kind == LEASE_NEXT_CALL:
+                done = next_call
+            elif kind == LEASE_REFS:
+                done = self.refs(slot) <= value
+            elif wait_uploads:
+                try:
+                    value.wait()  # re-raises a failed copy, once every copy has finished
+                except Exception as exc:
+                    first_error = first_error or exc
+                done = True
+            else:
+                done = value.ready()
+            if done:
+                del self.leases[slot]
                 self.release(slot)
+        if first_error is not None:
+            raise first_error
+
+    def wait_oldest_upload(self):
+        """Every slot waits on an upload (the device is the bottleneck): wait for the
+        oldest, which is the next to finish, and free its slot."""
+        for slot, (kind, gb) in self.leases.items():
+            if kind == LEASE_UPLOAD:
+                del self.leases[slot]
+                try:
+                    gb.wait()
+                finally:
+                    self.release(slot)
+                return True
+        return False
 
     def release(self, slot):
         self.slot_task[slot] = None
@@ -292,8 +348,8 @@ class Pool:
         Never waits: a stale batch still on its way by pipe is freed by a later call.
         """
         for slot, task in enumerate(self.slot_task):
-            if task is None or task[0] == token or slot in self.lent:
-                continue  # a lent slot is freed by reclaim_lent once the caller drops it
+            if task is None or task[0] == token or slot in self.leases:
+                continue  # a leased slot is freed by reclaim()
             st = self.header.state(slot)
             if st == PIPED:
                 key = (task[0], task[1])

@@ -478,7 +478,7 @@ class DataLoader:
     def _finish_uploads(self):
         it = self._active() if self._active is not None else None
         if it is not None:
-            it._wait_deferred()
+            it._wait_uploads()
 
     # -- pool ------------------------------------------------------------------
     def _get_pool(self):
