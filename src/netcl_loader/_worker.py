@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._collate import collate
+from ._collate import array_as_tensor, collate, gather_rows, tensor_as_array, tensor_dtype_info
 from ._protocol import (BATCH, END, ENTRY_KIND_MASK, ENTRY_PIPED_TASK, ENTRY_REMAP, ENTRY_SLOT_MASK,
                         ENTRY_STOP, ERROR, FLAG_PICKLED_INDICES, TASK_HEADER, Result, error_record)
 from ._ring import CANCELLED, PIPED, READY
@@ -210,7 +210,30 @@ class StreamEnd(Exception):
 
 def _rng_free(dataset):
     """True when fetching from ``dataset`` runs no user code (nothing could draw random numbers)."""
-    return bool(getattr(dataset, "_netcl_rng_free", False))
+    return bool(getattr(dataset, "_netcl_rng_free", False)) or _tensor_columns(dataset) is not None
+
+
+def _tensor_columns(dataset):
+    """``[(array, torch dtype or None)]`` on the tensors of a ``torch.utils.data.TensorDataset``
+    (exactly that class: its samples are known to be ``tuple(t[i] for t in tensors)``),
+    or None.  Its batches are then gathered row by row straight into the slot,
+    as ArrayDataset's are, instead of fetched sample by sample."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    cls = getattr(getattr(getattr(torch, "utils", None), "data", None), "TensorDataset", None)
+    if cls is None or type(dataset) is not cls:
+        return None
+    columns = []
+    for t in dataset.tensors:
+        if t.dim() == 0 or not t.is_cpu or t.layout is not torch.strided or not t.is_contiguous():
+            return None
+        try:
+            a = tensor_as_array(t)
+        except (ValueError, TypeError, RuntimeError):
+            return None
+        columns.append((a, tensor_dtype_info(t.dtype)[1] and t.dtype))
+    return columns
 
 
 class BatchMaker:
@@ -225,7 +248,8 @@ class BatchMaker:
     """
 
     __slots__ = ("dataset", "collate_fn", "transforms", "batched", "batch_size", "drop_last",
-                 "iterable", "seed_batches", "base_seed", "rank", "stream", "stream_token")
+                 "iterable", "seed_batches", "base_seed", "rank", "stream", "stream_token",
+                 "columns")
 
     def __init__(self, dataset, collate_fn, transforms, batched, batch_size, drop_last, iterable,
                  seeding, base_seed, rank):
@@ -245,6 +269,8 @@ class BatchMaker:
         self.rank = rank
         self.stream = None
         self.stream_token = None
+        self.columns = (_tensor_columns(dataset)
+                        if collate_fn is None and batched and not iterable else None)
 
     def seed(self, epoch, seq):
         """Seed the RNGs for batch ``seq`` of ``epoch``; returns the seed, or None when not seeding."""
@@ -264,6 +290,8 @@ class BatchMaker:
             batch = self.dataset[int(index) if isinstance(index, np.integer) else index]
             if self.collate_fn is not None:
                 batch = self.collate_fn(batch)
+        elif self.columns is not None and isinstance(indices, np.ndarray):
+            batch = self._gather_tensors(indices, alloc)
         elif (self.collate_fn is None and isinstance(indices, np.ndarray)
               and hasattr(self.dataset, "gather_batch")):
             batch = self.dataset.gather_batch(indices, alloc)
@@ -278,6 +306,17 @@ class BatchMaker:
         for t in self.transforms:
             batch = t(*batch) if isinstance(batch, tuple) else t(batch)
         return batch
+
+    def _gather_tensors(self, indices, alloc):
+        """A TensorDataset's batch: each column's rows gathered into ``alloc``'s buffer
+        (one checked memcpy per row, without the GIL), as tensors on that buffer."""
+        idx = np.ascontiguousarray(indices, dtype=np.int64)
+        out = []
+        for a, view in self.columns:
+            dst = alloc((len(idx),) + a.shape[1:], a.dtype)
+            gather_rows(a, idx, dst)
+            out.append(array_as_tensor(dst, view))
+        return tuple(out)
 
     def start_stream(self, token):
         """A new pass over the iterable dataset for iteration ``token`` (once per epoch)."""
