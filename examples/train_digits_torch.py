@@ -1,18 +1,20 @@
-"""The digits example with a PyTorch model: batches become tensors by torch.from_numpy.
+"""The digits example with a PyTorch model, fed by netcl_loader's PyTorch face.
 
-Same data, split and loader as ``train_digits.py``; the model is a
-``torch.nn.Sequential`` MLP trained with ``torch.optim.SGD``.  The loader
-yields NumPy arrays the caller owns, so ``torch.from_numpy`` wraps them
-without a copy.
+Same data, split and options as ``train_digits.py``; the dataset is a
+``torch.utils.data.TensorDataset`` and the model a ``torch.nn.Sequential`` MLP
+trained with ``torch.optim.SGD``.  The loop is plain PyTorch: the only
+netcl_loader line is the import of ``DataLoader``, which takes PyTorch's
+arguments and yields torch tensors (collated by worker processes straight
+into shared memory, and handed over without a copy).
 
     python examples/train_digits_torch.py            # 30 epochs
     python examples/train_digits_torch.py --quick    # 8 epochs, still >= 90%
+
+Needs torch (the CPU build will do) and scikit-learn, besides netcl_loader.
 """
 import os
 import sys
 import time
-
-from netcl_loader import ArrayDataset, DataLoader
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train_digits import load_split, parse_args  # noqa: E402  (the same data, split, options)
@@ -23,6 +25,9 @@ def main(argv=None):
 
     try:
         import torch
+        from torch.utils.data import TensorDataset
+
+        from netcl_loader.torch import DataLoader  # was: from torch.utils.data import DataLoader
     except ImportError as exc:
         print(f"train_digits_torch.py needs PyTorch, which is not importable ({exc}).\n"
               f"Install it (pip install torch), or run the NumPy version: "
@@ -35,17 +40,21 @@ def main(argv=None):
 
     x_train, y_train, x_test, y_test = load_split(args.seed)
     print(f"digits: {len(x_train)} training and {len(x_test)} test images of 8x8 pixels")
+    train = TensorDataset(torch.from_numpy(x_train), torch.from_numpy(y_train))
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
     t0 = time.perf_counter()
-    with DataLoader(ArrayDataset(x_train, y_train), batch_size=args.batch_size, shuffle=True,
-                    num_workers=args.workers, seed=args.seed) as loader:
+    # PyTorch's arguments; the generator makes the shuffled order reproducible,
+    # and persistent workers are kept from one epoch to the next.
+    loader = DataLoader(train, batch_size=args.batch_size, shuffle=True,
+                        num_workers=args.workers, persistent_workers=args.workers > 0,
+                        generator=torch.Generator().manual_seed(args.seed))
+    with loader:  # optional: ends the workers at once (else when the loader is collected)
         for epoch in range(epochs):
             model.train()
             total, seen = 0.0, 0
-            for xb, yb in loader:
-                x, y = torch.from_numpy(xb), torch.from_numpy(yb)   # no copy
+            for x, y in loader:                     # float32 (B, 64) and int64 (B,) tensors
                 loss = loss_fn(model(x), y)
                 optimizer.zero_grad()
                 loss.backward()

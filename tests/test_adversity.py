@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import sys
+import textwrap
 import time
 
 import numpy as np
@@ -318,6 +319,85 @@ def test_a_timeout_that_is_not_reached_changes_nothing():
         assert [b.tolist() for b in dl] == [[0, 1], [2, 3]]
 
 
+class LateOnThePipe:
+    """A batch leaf that takes ``seconds`` to pickle for a pipe, and no time otherwise.
+
+    Its batch's slot is published as PIPED first, then the payload is late:
+    the main process waits in the pipe, not for the slot (issue 10).
+    """
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def __reduce__(self):
+        frame = sys._getframe(1)
+        while frame is not None:
+            code = frame.f_code
+            if code.co_name == "send" and code.co_filename.endswith(
+                    os.path.join("multiprocessing", "connection.py")):
+                time.sleep(self.seconds)  # Connection.send is pickling this batch
+                break
+            frame = frame.f_back
+        return LateOnThePipe, (self.seconds,)
+
+
+def late_on_the_pipe(samples):
+    return np.asarray(samples), LateOnThePipe(3.0)
+
+
+def sleeps_in_collate(samples):
+    time.sleep(3.0)
+    return np.asarray(samples)
+
+
+@pytest.mark.slow
+def test_timeout_holds_for_batches_that_come_by_pipe():
+    """timeout=0.5 while a batch takes 3 s: a TimeoutError naming 0.5 within a few seconds,
+    whether the worker is slow before publishing (collate_fn) or after (pickling for the pipe),
+    through the ring's overflow pipe or with use_shared_mem=False."""
+    code = """
+        from test_adversity import late_on_the_pipe, sleeps_in_collate
+        for name, fn in (("collate", sleeps_in_collate), ("pickle", late_on_the_pipe)):
+            for shm in (True, False):
+                dl = DataLoader(Slow(8, seconds=0), batch_size=2, shuffle=False, num_workers=1,
+                                collate_fn=fn, use_shared_mem=shm, timeout=0.5)
+                case = f"{name.upper()}_{'SHM' if shm else 'PIPE'}"
+                t0 = time.monotonic()
+                try:
+                    next(iter(dl))
+                    print(f"{case}_ERR=none")
+                except Exception as e:
+                    print(f"{case}_ERR=" + type(e).__name__)
+                    print(f"{case}_MSG=" + str(e).replace("\\n", " "))
+                print(f"{case}_WAITED=%.3f" % (time.monotonic() - t0), flush=True)
+                dl.close()
+    """
+    r = run_child(code)
+    assert r.returncode == 0, r.stderr
+    out = results(r.stdout)
+    for case in ("COLLATE_SHM", "COLLATE_PIPE", "PICKLE_SHM", "PICKLE_PIPE"):
+        assert out.get(f"{case}_ERR") == "TimeoutError", (case, r.stdout, r.stderr)
+        msg = out[f"{case}_MSG"]
+        assert "timeout=0.5" in msg, (case, msg)
+        # Before the batch's 3 s are up: the timeout, not the batch, ended the wait.
+        assert 0.45 <= float(out[f"{case}_WAITED"]) < 2.5, (case, out[f"{case}_WAITED"])
+
+
+def sleep_a_little(samples):
+    time.sleep(0.3)
+    return np.asarray(samples)
+
+
+@pytest.mark.parametrize("use_shared_mem", [True, False])
+def test_timeout_zero_means_no_timeout(use_shared_mem):
+    with DataLoader(Slow(4, seconds=0), batch_size=2, shuffle=False, num_workers=1, timeout=0,
+                    collate_fn=sleep_a_little, use_shared_mem=use_shared_mem) as dl:
+        assert [b.tolist() for b in dl] == [[0, 1], [2, 3]]
+    with DataLoader(Slow(4, seconds=0), batch_size=2, shuffle=False, num_workers=0, timeout=0,
+                    collate_fn=sleep_a_little) as dl:
+        assert [b.tolist() for b in dl] == [[0, 1], [2, 3]]
+
+
 # -- dying workers ---------------------------------------------------------------------
 
 def test_sigkill_of_a_worker_gives_worker_error_and_a_fresh_pool():
@@ -587,3 +667,298 @@ def test_a_worker_that_cannot_map_a_grown_slot_raises_shared_memory_error():
     assert out["BYTES"] and int(out["BYTES"]) >= 32 << 20, out["FIRST"]
     assert out["REMEDY"] == "1", out["FIRST"]
     assert "exited unexpectedly" not in r.stdout + r.stderr
+
+
+# -- the start of the pool -------------------------------------------------------------
+
+def test_fork_after_a_multithreaded_torch_op_does_not_hang():
+    """A thread pool the parent ran before fork is not in the child: workers must run
+    torch single-threaded (SPEC §4) or the first torch op there deadlocks."""
+    pytest.importorskip("torch")
+    code = """
+        import torch
+        torch.set_num_threads(2)
+        x = torch.ones(256, 256) * 2      # big enough to run on the intra-op pool
+        assert float(x.sum()) == 2 * 256 * 256
+
+        class TorchOps:
+            def __len__(self):
+                return 8
+            def __getitem__(self, i):
+                return (torch.ones(256, 256) * 2).numpy(), torch.get_num_threads()
+
+        with DataLoader(TorchOps(), batch_size=2, num_workers=2, seed=0, timeout=30,
+                        multiprocessing_context="fork") as dl:
+            got = [(float(x.sum()), t.tolist()) for x, t in dl]
+        print("BATCHES=%d" % len(got))
+        print("SUMS=" + ",".join(str(s) for s, _ in got))
+        print("THREADS=" + ",".join(str(n) for _, ts in got for n in ts))
+        print("MAIN_THREADS=%d" % torch.get_num_threads())
+    """
+    r = run_child(code, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = results(r.stdout)
+    assert out["BATCHES"] == "4"
+    assert set(out["SUMS"].split(",")) == {str(2.0 * 2 * 256 * 256)}
+    assert set(out["THREADS"].split(",")) == {"1"}, out["THREADS"]
+    assert out["MAIN_THREADS"] == "2"  # the caller's own setting is left alone
+
+
+@pytest.mark.slow
+def test_forkserver_workers_survive_a_long_training_step():
+    """Workers under forkserver must not take an idle wait for their parent's death
+    (they used to exit after 0.5 s without a task, issue 10)."""
+    code = """
+        from netcl_loader import WorkerError
+        if __name__ == "__main__":
+            dl = DataLoader(Rows(4), batch_size=2, shuffle=False, num_workers=2, seed=0,
+                            multiprocessing_context="forkserver", timeout=30)
+            got, pids = [], set()
+            try:
+                for epoch in range(2):
+                    for x, y in dl:
+                        got.append(y.tolist())
+                        pids.add(tuple(dl.worker_pids))
+                        time.sleep(1.5)           # the training step
+                print("ERROR=none")
+            except WorkerError as e:
+                print("ERROR=" + str(e).replace("\\n", " "))
+            print("GOT=" + repr(got))
+            print("POOLS=%d" % len(pids))
+            print("RESTARTS=%d" % dl.stats.worker_restarts)
+            dl.close()
+    """
+    r = run_child(code)
+    assert r.returncode == 0, r.stderr
+    out = results(r.stdout)
+    assert out["ERROR"] == "none", out["ERROR"]
+    assert out["GOT"] == repr([[0, 1], [2, 3]] * 2)
+    assert out["POOLS"] == "1" and out["RESTARTS"] == "0"
+
+
+#: A child program that starts a spawn pool over datasets that cannot be
+#: pickled, and reports what it raised and what it left.
+UNPICKLABLE_PROGRAM = """
+    import gc, multiprocessing, pickle
+    from multiprocessing import resource_tracker
+    from multiprocessing.reduction import ForkingPickler
+
+    class HoldsLambda(Rows):
+        def __init__(self, n):
+            super().__init__(n)
+            self.key = lambda i: i
+
+    class HoldsLock(Rows):
+        def __init__(self, n):
+            super().__init__(n)
+            self.lock = threading.Lock()
+
+    def fds():
+        return set(os.listdir("/proc/self/fd"))
+
+    def children():
+        tracker = resource_tracker._resource_tracker._pid
+        out = []
+        for name in os.listdir("/proc"):
+            if name.isdigit() and int(name) != tracker:
+                try:
+                    with open(f"/proc/{name}/stat") as f:
+                        if int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid():
+                            out.append(int(name))
+                except OSError:
+                    pass
+        return out
+
+    if __name__ == "__main__":
+        resource_tracker.ensure_running()   # spawn starts it once per process: not ours
+        for name, ds in (("LAMBDA", HoldsLambda(8)), ("LOCK", HoldsLock(8))):
+            try:
+                ForkingPickler.dumps(ds)
+                print(f"{name}_EXPECTED=none")
+            except Exception as e:
+                print(f"{name}_EXPECTED=" + type(e).__name__)
+            before = fds()
+            dl = DataLoader(ds, batch_size=2, num_workers=2, seed=0, timeout=30,
+                            multiprocessing_context="spawn")
+            try:
+                next(iter(dl))
+                print(f"{name}_GOT=none")
+            except BaseException as e:
+                print(f"{name}_GOT=" + type(e).__name__)
+                text = " ".join([str(e), *getattr(e, "__notes__", [])]).replace("\\n", " ")
+                print(f"{name}_MSG=" + text)
+            dl.close()
+            gc.collect()
+            print(f"{name}_FDS=" + ",".join(sorted(fds() - before)))
+            print(f"{name}_CHILDREN=" + ",".join(map(str, children())))
+            print(f"{name}_ACTIVE=%d" % len(multiprocessing.active_children()))
+"""
+
+
+def test_a_dataset_that_cannot_be_pickled_for_spawn_raises_the_pickling_error():
+    r = run_child(UNPICKLABLE_PROGRAM)
+    assert r.returncode == 0, r.stderr
+    out = results(r.stdout)
+    for name in ("LAMBDA", "LOCK"):
+        expected = out[f"{name}_EXPECTED"]
+        assert expected in ("PicklingError", "AttributeError", "TypeError"), expected
+        # The error CPython raises, itself: not an AssertionError from the cleanup.
+        assert out[f"{name}_GOT"] == expected, (name, out)
+        msg = out[f"{name}_MSG"]
+        assert "worker 0" in msg and "spawn" in msg and "picklable" in msg, msg
+        assert out[f"{name}_FDS"] == "", (name, out[f"{name}_FDS"])
+        assert out[f"{name}_CHILDREN"] == "" and out[f"{name}_ACTIVE"] == "0", out
+
+
+#: A child program whose second fork fails with EAGAIN: ``freeze()`` (defined
+#: by the caller) sets a process limit at the current count just before it.
+FAILED_FORK_PROGRAM = """
+    import gc, multiprocessing
+    real_fork, real_pipe = os.fork, os.pipe
+    forked, pipes, cpython_leak = [], [], set()
+
+    def pipe():
+        fds = real_pipe()
+        pipes.append(fds)
+        return fds
+
+    def fork():
+        if len(forked) == 1:
+            # Let the first worker finish starting (its threads count too),
+            # then no new task may be made: this fork fails.
+            first = forked[0]
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and len(os.listdir(f"/proc/{first}/task")) < 2:
+                time.sleep(0.01)
+            freeze()
+        try:
+            pid = real_fork()
+        except OSError:
+            # CPython's popen_fork made two pipes for this child just before,
+            # and leaves them open when fork fails: not the loader's to close.
+            cpython_leak.update(fd for p in pipes[-2:] for fd in p)
+            raise
+        if pid:
+            forked.append(pid)
+        return pid
+
+    def fds():
+        return set(os.listdir("/proc/self/fd"))
+
+    if __name__ == "__main__":
+        dl = DataLoader(Rows(8), batch_size=2, shuffle=False, num_workers=2, seed=0,
+                        timeout=30, multiprocessing_context="fork")
+        before = fds()
+        os.fork, os.pipe = fork, pipe
+        try:
+            next(iter(dl))
+            print("GOT=none")
+        except BaseException as e:
+            print("GOT=" + type(e).__name__)
+            print("OSERROR=%d" % isinstance(e, OSError))
+            text = " ".join([str(e), *getattr(e, "__notes__", [])]).replace("\\n", " ")
+            print("MSG=" + text)
+        finally:
+            os.fork, os.pipe = real_fork, real_pipe
+            unfreeze()
+        gc.collect()
+        print("FORKED=" + ",".join(map(str, forked)))
+        print("ACTIVE=%d" % len(multiprocessing.active_children()))
+        print("FDS=" + ",".join(sorted(fds() - before - {str(fd) for fd in cpython_leak})))
+        got = [y.tolist() for _, y in dl]   # with processes to be had again: a fresh pool
+        print("AFTER=" + repr(got))
+        dl.close()
+"""
+
+
+def _pids_cgroup_root():
+    """A pids cgroup hierarchy this process may make groups in (v1, or v2 with the
+    pids controller enabled below the root), else None."""
+    v1 = "/sys/fs/cgroup/pids"
+    if os.path.isfile(os.path.join(v1, "cgroup.procs")) and os.access(v1, os.W_OK):
+        return v1
+    v2 = "/sys/fs/cgroup"
+    try:
+        with open(os.path.join(v2, "cgroup.subtree_control")) as f:
+            enabled = f.read().split()
+    except OSError:
+        return None
+    return v2 if "pids" in enabled and os.access(v2, os.W_OK) else None
+
+
+def _check_failed_fork(r):
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = results(r.stdout)
+    assert out["GOT"] in ("BlockingIOError", "OSError") and out["OSERROR"] == "1", out
+    assert "worker 1" in out["MSG"], out["MSG"]
+    forked = [int(p) for p in out["FORKED"].split(",") if p]
+    assert len(forked) == 1, out   # worker 0 started, worker 1 could not be
+    assert wait_gone(forked)
+    assert out["ACTIVE"] == "0" and out["FDS"] == "", out
+    assert out["AFTER"] == repr([[0, 1], [2, 3], [4, 5], [6, 7]])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a pids cgroup is Linux's")
+def test_a_failed_fork_raises_the_os_error_in_a_pids_cgroup():
+    root = _pids_cgroup_root()
+    if root is None:
+        pytest.skip("no writable pids cgroup to make a fork fail in")
+    group = os.path.join(root, f"netcl_loader_test_{os.getpid()}")
+    try:
+        os.mkdir(group)
+    except OSError as exc:
+        pytest.skip(f"cannot make a pids cgroup in {root}: {exc}")
+    try:
+        code = f"""
+            GROUP = {group!r}
+            def limit(value):
+                with open(os.path.join(GROUP, "pids.max"), "w") as f:
+                    f.write(str(value))
+            def freeze():
+                with open(os.path.join(GROUP, "pids.current")) as f:
+                    limit(int(f.read()))
+            def unfreeze():
+                limit("max")
+            with open(os.path.join(GROUP, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+        """
+        code = textwrap.dedent(code) + textwrap.dedent(FAILED_FORK_PROGRAM)
+        _check_failed_fork(run_child(code))
+    finally:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                os.rmdir(group)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_failed_fork_raises_the_os_error_under_rlimit_nproc():
+    if os.geteuid() == 0:
+        pytest.skip("running as root: the kernel exempts uid 0 from RLIMIT_NPROC (fork ignores "
+                    "the limit), so it cannot make a fork fail here; the pids-cgroup test "
+                    "covers this case")
+    code = """
+        import resource
+        SOFT, HARD = resource.getrlimit(resource.RLIMIT_NPROC)
+        def tasks_of_this_user():
+            uid, n = os.getuid(), 0
+            for name in os.listdir("/proc"):
+                if name.isdigit():
+                    try:
+                        if os.stat(f"/proc/{name}").st_uid == uid:
+                            n += len(os.listdir(f"/proc/{name}/task"))
+                    except OSError:
+                        pass
+            return n
+        def freeze():
+            resource.setrlimit(resource.RLIMIT_NPROC, (tasks_of_this_user(), HARD))
+        def unfreeze():
+            resource.setrlimit(resource.RLIMIT_NPROC, (SOFT, HARD))
+    """
+    code = textwrap.dedent(code) + textwrap.dedent(FAILED_FORK_PROGRAM)
+    _check_failed_fork(run_child(code))

@@ -373,3 +373,291 @@ def test_collate_fn_runs_in_the_worker():
     assert [b["n"] for b in batches] == [4, 4, 2]
     assert [b["sum"] for b in batches] == [6, 22, 17]
     assert all(b["worker"] in (0, 1) for b in batches)
+
+
+# -- regressions (issue 10, item 10) ----------------------------------------------
+
+def test_datetime_scalars_of_different_units_are_a_dtype_mismatch():
+    # Stacking them as the first sample's unit would truncate 05:00 to the day.
+    samples = [{"t": np.datetime64("2020-01-01", "D")}, {"t": np.datetime64("2020-01-01T05", "h")}]
+    with pytest.raises(ValueError) as info:
+        collate(samples, [31, 32])
+    msg = str(info.value)
+    assert word(31).search(msg) and word(32).search(msg), msg
+    assert "['t']" in msg, msg
+    assert "datetime64[D]" in msg and "datetime64[h]" in msg, msg
+
+
+def test_datetime_arrays_of_different_units_are_a_dtype_mismatch():
+    samples = [(np.zeros(2, "datetime64[D]"),), (np.zeros(2, "datetime64[h]"),)]
+    with pytest.raises(ValueError, match=r"\[0\].*datetime64\[D\].*datetime64\[h\]"):
+        collate(samples, [1, 2])
+
+
+def test_timedelta_and_void_scalars_of_different_dtypes_are_a_dtype_mismatch():
+    with pytest.raises(ValueError, match=r"timedelta64\[s\].*timedelta64\[ms\]"):
+        collate([np.timedelta64(1, "s"), np.timedelta64(1, "ms")])
+    a = np.zeros(1, [("x", "<i4")])[0]
+    b = np.zeros(1, [("x", "<i8")])[0]
+    with pytest.raises(ValueError, match="dtype"):
+        collate([a, b])
+
+
+def test_datetime_scalars_of_one_unit_keep_it():
+    b = collate([np.datetime64("2020-01-01T05", "h"), np.datetime64("2021-03-04T06", "h")])
+    assert b.dtype == np.dtype("datetime64[h]")
+    assert b.tolist() == np.array(["2020-01-01T05", "2021-03-04T06"], "datetime64[h]").tolist()
+
+
+@pytest.mark.parametrize("num_workers, shared", [(0, True), (2, True), (2, False)])
+def test_object_arrays_give_the_same_batch_through_every_transport(num_workers, shared):
+    samples = [{"o": np.array([i, f"s{i}", None], dtype=object), "x": np.full(2, i, np.int16)}
+               for i in range(5)]
+    batches = load_all(samples, 2, num_workers=num_workers, use_shared_mem=shared)
+    assert [b["o"].tolist() for b in batches] == [
+        [[0, "s0", None], [1, "s1", None]], [[2, "s2", None], [3, "s3", None]], [[4, "s4", None]]]
+    assert all(b["o"].dtype == object for b in batches)
+    np.testing.assert_array_equal(batches[1]["x"], [[2, 2], [3, 3]])
+
+
+def test_zero_dimensional_object_arrays_give_their_elements():
+    samples = [np.empty((), object) for _ in range(2)]
+    samples[0][()] = (1, "t")
+    samples[1][()] = 5
+    batch = collate(samples)
+    assert batch.dtype == object and batch.shape == (2,)
+    assert batch.tolist() == [(1, "t"), 5]  # not 0-d arrays holding them
+
+
+@pytest.mark.parametrize("make", [
+    lambda i: np.zeros(3, "V0"),
+    lambda i: np.empty((3, 0)),
+    lambda i: np.zeros(2, np.dtype([])),
+    lambda i: np.zeros((0,), "U3"),
+], ids=["V0", "shape-3x0", "empty-record", "empty-unicode"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_zero_size_fields_collate_to_empty_batches(make, num_workers):
+    samples = [(make(i), i) for i in range(3)]
+    want = np.stack([s[0] for s in samples])
+    direct = collate(samples)
+    batches = load_all(samples, 3, num_workers=num_workers)
+    for got in (direct[0], batches[0][0]):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert got.tobytes() == b""
+    np.testing.assert_array_equal(batches[0][1], [0, 1, 2])
+
+
+def test_records_with_a_datetime_field_collate():
+    dtype = np.dtype([("t", "datetime64[s]"), ("x", "<f4"), ("n", "S2")])
+    samples = []
+    for i in range(3):
+        a = np.zeros(2, dtype)
+        a["t"] = np.datetime64("2020-01-01T00:00:00") + np.arange(2) + i
+        a["x"] = i / 2
+        a["n"] = b"k%d" % i
+        samples.append(a)
+    want = np.stack(samples)
+    for got in (collate(samples), load_all([(s,) for s in samples], 3)[0][0]):
+        assert got.dtype == dtype
+        assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("value", [2**64, 2**63, -(2**63) - 1])
+def test_a_python_int_outside_int64_names_the_field_the_index_and_the_value(value):
+    samples = [{"n": [1]}, {"n": [value]}]
+    with pytest.raises(ValueError) as info:
+        collate(samples, [70, 71])
+    msg = str(info.value)
+    assert "['n'][0]" in msg and word(71).search(msg) and str(value) in msg, msg
+    assert "int64" in msg, msg
+
+
+def test_int64_extremes_are_collated():
+    b = collate([2**63 - 1, -(2**63)])
+    assert b.dtype == np.int64 and b.tolist() == [2**63 - 1, -(2**63)]
+
+
+def test_too_many_dimensions_names_the_field_and_the_limit():
+    from netcl_loader._collate import MAX_DIMS
+    deep = np.zeros((1,) * MAX_DIMS)
+    with pytest.raises(ValueError) as info:
+        collate([{"deep": deep}, {"deep": deep}], [800, 801])
+    msg = str(info.value)
+    assert "['deep']" in msg and word(800).search(msg) and word(801).search(msg), msg
+    assert str(MAX_DIMS) in msg, msg
+    # One dimension fewer still fits.
+    assert collate([deep[0], deep[0]]).shape == (2,) + (1,) * (MAX_DIMS - 1)
+
+
+def test_any_failure_inside_a_field_names_the_field_and_the_indices():
+    def alloc(shape, dtype):
+        if np.dtype(dtype) == np.float32:
+            raise TypeError("this allocator refuses float32")
+        return np.empty(shape, dtype)
+
+    with pytest.raises(TypeError) as info:  # the type of the original error is kept
+        collate([(1, {"img": np.zeros(2, np.float32)})] * 2, [5, 6], alloc)
+    msg = str(info.value)
+    assert "[1]['img']" in msg and word(5).search(msg) and word(6).search(msg), msg
+    assert "refuses float32" in msg, msg
+
+
+@pytest.mark.parametrize("dtype", [">f4", ">i8", ">c16", ">M8[s]", ">U3"])
+@pytest.mark.parametrize("layout", ["c", "fortran", "negative", "zero-d", "empty"])
+def test_big_endian_and_unusual_layouts_stack_as_np_stack_with_the_dtype_kept(dtype, layout):
+    rng = np.random.default_rng(3)
+    samples = []
+    for i in range(3):
+        raw = rng.integers(0, 1000, (2, 3))
+        a = raw.astype(str).astype(dtype) if dtype.endswith("U3") else raw.astype(dtype)
+        a = {"c": a, "fortran": np.asfortranarray(a), "negative": a[::-1, ::-1],
+             "zero-d": a[1, 2, ...], "empty": a[:0]}[layout]
+        samples.append(a)
+    batch = collate(samples)
+    want = np.stack(samples)
+    assert batch.dtype == np.dtype(dtype)  # np.stack itself gives the native byte order
+    assert batch.shape == want.shape
+    np.testing.assert_array_equal(batch, want)
+    assert batch.flags.c_contiguous
+
+
+# -- torch tensors (SPEC §10) ---------------------------------------------------------
+
+TENSOR_DTYPE_NAMES = ["bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32",
+                      "uint64", "float16", "bfloat16", "float32", "float64", "complex32",
+                      "complex64", "complex128", "float8_e4m3fn", "float8_e5m2"]
+
+
+@pytest.fixture(scope="module")
+def torch():
+    return pytest.importorskip("torch", reason="torch is not installed (the 'bench' extra)")
+
+
+def _bits(t):
+    """A tensor's values as bytes (every dtype, NaNs included)."""
+    return t.contiguous().reshape(-1).view(sys.modules["torch"].uint8)
+
+
+def _tensors(torch, name, n=4, shape=(3, 5)):
+    dtype = getattr(torch, name)
+    g = torch.Generator().manual_seed(0)
+    if dtype is torch.bool:
+        return [torch.rand(shape, generator=g) > 0.5 for _ in range(n)]
+    size = torch.empty(0, dtype=dtype).element_size()
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64, 16: torch.int64}[size]
+    shp = shape[:-1] + (shape[-1] * 2,) if size == 16 else shape
+    return [torch.randint(-100, 100, shp, generator=g).to(bits).view(dtype) for _ in range(n)]
+
+
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+@pytest.mark.parametrize("name", TENSOR_DTYPE_NAMES)
+def test_tensor_samples_stack_as_torch_stack_with_the_dtype_kept(torch, name):
+    samples = _tensors(torch, name)
+    batch = collate([{"x": t, "i": i} for i, t in enumerate(samples)])
+    want = torch.stack(samples)
+    assert isinstance(batch["x"], torch.Tensor)
+    assert batch["x"].dtype == getattr(torch, name) and batch["x"].shape == want.shape
+    assert torch.equal(_bits(batch["x"]), _bits(want))
+    np.testing.assert_array_equal(batch["i"], [0, 1, 2, 3])
+
+
+def test_tensor_batch_lives_in_the_buffer_alloc_gives(torch):
+    bufs = []
+
+    def alloc(shape, dtype):
+        bufs.append(np.empty(shape, dtype))
+        return bufs[-1]
+
+    samples = [torch.full((2, 3), float(i), dtype=torch.bfloat16) for i in range(3)]
+    batch = collate(samples, None, alloc)
+    assert len(bufs) == 1 and bufs[0].dtype == np.int16  # bfloat16's bits
+    assert batch.untyped_storage().data_ptr() == bufs[0].ctypes.data
+    assert torch.equal(batch, torch.stack(samples))
+
+
+def test_non_contiguous_and_special_tensors_are_copied_correctly(torch):
+    base = torch.arange(4 * 6 * 8, dtype=torch.float32).reshape(4, 6, 8)
+    cases = {
+        "transposed": [base[i].T for i in range(4)],
+        "strided": [base[i, ::2, 1::3] for i in range(4)],
+        "expanded": [torch.tensor(float(i)).expand(3, 5) for i in range(4)],
+        "requires_grad": [base[i].clone().requires_grad_() for i in range(4)],
+        "conjugate": [torch.complex(base[i], -base[i]).conj() for i in range(4)],
+        "negative": [torch.complex(base[i], base[i]).conj().imag for i in range(4)],  # neg bit
+        "bfloat16-transposed": [base[i].to(torch.bfloat16).T for i in range(4)],
+        "zero-d": [base[i, 0, 0] for i in range(4)],
+        "empty": [base[i, :0] for i in range(4)],
+    }
+    for name, samples in cases.items():
+        batch = collate(samples)
+        want = torch.stack([s.detach() for s in samples])
+        assert batch.dtype == want.dtype and batch.shape == want.shape, name
+        assert torch.equal(batch.resolve_conj().resolve_neg(), want.resolve_conj().resolve_neg()), name
+        assert not batch.requires_grad
+
+
+def test_tensor_shape_mismatch_names_indices_field_and_both_shapes(torch):
+    samples = [{"x": torch.zeros(2, 3)}, {"x": torch.zeros(2, 3)}, {"x": torch.zeros(4, 5)}]
+    with pytest.raises(ValueError) as info:
+        collate(samples, [61, 62, 63])
+    msg = str(info.value)
+    assert word(61).search(msg) and word(63).search(msg), msg
+    assert "['x']" in msg and "(2, 3)" in msg and "(4, 5)" in msg, msg
+
+
+@pytest.mark.parametrize("a, b", [("float32", "float64"), ("bfloat16", "float16"),
+                                  ("bool", "uint8"), ("complex64", "complex128")])
+def test_tensor_dtype_mismatch_names_indices_field_and_both_dtypes(torch, a, b):
+    samples = [(torch.zeros(3, dtype=getattr(torch, a)),), (torch.zeros(3, dtype=getattr(torch, b)),)]
+    with pytest.raises(ValueError) as info:
+        collate(samples, [804, 95])
+    msg = str(info.value)
+    assert word(804).search(msg) and word(95).search(msg) and "[0]" in msg, msg
+    assert f"torch.{a}" in msg and f"torch.{b}" in msg, msg
+
+
+def test_tensor_and_array_in_one_field_is_a_type_mismatch(torch):
+    with pytest.raises(ValueError, match=r"\[0\].*torch.Tensor.*ndarray|ndarray.*torch.Tensor"):
+        collate([(torch.zeros(2),), (np.zeros(2),)], [1, 2])
+
+
+def test_a_tensor_that_is_not_on_the_cpu_names_the_field(torch):
+    samples = [{"m": torch.empty(2, device="meta")}] * 2
+    with pytest.raises(ValueError) as info:
+        collate(samples, [3, 4])
+    msg = str(info.value)
+    assert "['m']" in msg and "meta" in msg and word(3).search(msg), msg
+
+
+@pytest.mark.parametrize("num_workers, shared", [(0, True), (2, True), (2, False)])
+def test_loader_collates_tensor_leaves_into_tensors(torch, num_workers, shared):
+    g = torch.Generator().manual_seed(1)
+    xs = torch.randn(7, 3, 4, generator=g)
+    samples = [{"x": xs[i].to(torch.bfloat16), "y": torch.tensor(i), "m": xs[i] > 0,
+                "a": np.full(2, i, np.float32)} for i in range(7)]
+    batches = load_all(samples, 3, num_workers=num_workers, use_shared_mem=shared)
+    assert len(batches) == 3
+    for k, b in enumerate(batches):
+        part = samples[3 * k:3 * k + 3]
+        assert isinstance(b["x"], torch.Tensor) and b["x"].dtype == torch.bfloat16
+        assert torch.equal(b["x"], torch.stack([s["x"] for s in part]))
+        assert b["y"].dtype == torch.int64 and b["y"].tolist() == list(range(3 * k, 3 * k + len(part)))
+        assert b["m"].dtype == torch.bool and torch.equal(b["m"], torch.stack([s["m"] for s in part]))
+        assert isinstance(b["a"], np.ndarray)
+
+
+def test_netcl_loader_never_imports_torch_itself():
+    import subprocess
+    code = (
+        "import sys, numpy as np\n"
+        "from netcl_loader import DataLoader\n"
+        "from netcl_loader._collate import collate\n"
+        "from netcl_loader.shared_batch import SharedBatchRingBuffer, convert_output\n"
+        "collate([{'a': np.zeros(2), 'b': 1, 's': 'x'}] * 2)\n"
+        "with SharedBatchRingBuffer(1, 1 << 16) as ring:\n"
+        "    ring.put((np.arange(3),)); ring.get()\n"
+        "convert_output((np.zeros(2),), 'numpy')\n"
+        "list(DataLoader([np.zeros(2)] * 4, batch_size=2, num_workers=0))\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr

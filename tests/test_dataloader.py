@@ -2,6 +2,7 @@
 import gc
 import os
 import random
+import sys
 import time
 
 import numpy as np
@@ -759,3 +760,200 @@ def test_a_batch_too_big_for_its_slot_grows_it_to_about_its_size():
         assert grown, "no slot grew: every batch went through a pipe"
         for cap in grown:  # the batch, its record and the growth headroom; not 3x
             assert 8 << 20 <= cap <= 1.3 * (8 << 20) + (1 << 20)
+
+
+# -- worker_seeding ---------------------------------------------------------------
+
+def seed_by_hand(worker_id):
+    np.random.seed(1234 + worker_id)
+    random.seed(1234 + worker_id)
+
+
+def test_worker_seeding_worker_keeps_the_seeding_done_in_worker_init_fn():
+    with make(Noisy(16), batch_size=2, shuffle=False, num_workers=2, seed=7,
+              worker_seeding="worker", worker_init_fn=seed_by_hand) as dl:
+        got = epochs(dl, 2)
+    draws = {}  # worker id -> its draws, in the order it made them
+    for batch in (b for e in got for b in e):
+        for _, wid, np_draw, py_draw in zip(*(x.tolist() for x in batch)):
+            draws.setdefault(wid, []).append((np_draw, py_draw))
+    assert set(draws) == {0, 1}
+    for wid, seen in draws.items():
+        np_rng, py_rng = np.random.RandomState(1234 + wid), random.Random(1234 + wid)
+        assert seen == [(int(np_rng.randint(0, 2**31)), py_rng.random()) for _ in seen], wid
+
+
+#: What worker_init_fn found about the worker's seed (per worker process).
+_INIT_FOUND = {}
+
+
+def check_seed_in_worker_init(worker_id):
+    import torch
+    seed = get_worker_info().seed
+    first = random.random()
+    random.seed(seed)
+    _INIT_FOUND["random"] = random.random() == first
+    _INIT_FOUND["torch"] = torch.initial_seed() == seed
+
+
+class SeedProbe:
+    """Sample i: (i, whether torch's seed is WorkerInfo.seed here, what worker_init_fn found)."""
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        import torch
+        return (i, torch.initial_seed() == get_worker_info().seed,
+                _INIT_FOUND.get("random", False), _INIT_FOUND.get("torch", False))
+
+
+@pytest.mark.parametrize("seeding", ["worker", "batch"])
+def test_worker_info_seed_is_the_seed_of_the_rngs(seeding):
+    pytest.importorskip("torch")  # imported here: workers seed torch too
+    with make(SeedProbe(), batch_size=2, num_workers=2, seed=5, worker_seeding=seeding,
+              worker_init_fn=check_seed_in_worker_init) as dl:
+        got = [tuple(x.tolist() for x in b) for b in dl]
+    assert len(got) == 6
+    for _, torch_now, init_random, init_torch in got:
+        assert all(torch_now), "torch.initial_seed() != get_worker_info().seed in a batch"
+        assert all(init_random), "random.seed(info.seed) does not give worker_init_fn's draws"
+        assert all(init_torch), "torch.initial_seed() != info.seed in worker_init_fn"
+
+
+class Augments:
+    """Sample i: (i, draws from np.random, random and torch): a random augmentation."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import torch
+        return (i, np.random.rand(3).astype(np.float32), random.random(),
+                torch.rand(2).numpy())
+
+
+def augmented_epochs(loader, count):
+    return [[tuple(x.tolist() for x in b) for b in loader] for _ in range(count)]
+
+
+@pytest.mark.slow
+def test_worker_seeding_batch_gives_the_same_augmentations_for_every_num_workers():
+    pytest.importorskip("torch")
+    runs = {}
+    for num_workers in (0, 1, 2, 3):
+        with make(Augments(20), batch_size=3, shuffle=True, num_workers=num_workers,
+                  seed=11) as dl:
+            runs[num_workers] = augmented_epochs(dl, 2)
+    ref = runs[0]
+    first_draws = [b[k][0] for e in ref for b in e for k in (1, 2, 3)]
+    assert len(set(map(str, first_draws))) == len(first_draws)  # every batch draws anew
+    for num_workers, run in runs.items():
+        assert run == ref, num_workers
+
+
+def test_in_process_batch_seeding_leaves_the_callers_rngs_alone():
+    torch = pytest.importorskip("torch")
+    np.random.seed(99)
+    random.seed(99)
+    torch.manual_seed(99)
+    np_state, py_state, torch_state = np.random.get_state(), random.getstate(), torch.get_rng_state()
+    with make(Augments(10), batch_size=3, num_workers=0, seed=11) as dl:
+        augmented_epochs(dl, 2)
+    after = np.random.get_state()
+    assert after[0] == np_state[0] and np.array_equal(after[1], np_state[1])
+    assert after[2:] == np_state[2:]
+    assert random.getstate() == py_state
+    assert torch.equal(torch.get_rng_state(), torch_state)
+
+
+@pytest.mark.parametrize("value", ["per-sample", "", "Batch"])
+def test_an_unknown_worker_seeding_is_a_value_error_naming_it(value):
+    with pytest.raises(ValueError) as info:
+        DataLoader(Rows(4), worker_seeding=value)
+    msg = str(info.value)
+    assert "worker_seeding" in msg and repr(value) in msg, msg
+
+
+# -- sampler.set_epoch: the caller's business until the loader is told the epoch ----
+
+def permutation(n, epoch):
+    return np.random.default_rng(epoch).permutation(n).tolist()
+
+
+class EpochSampler:
+    """Indices in an order drawn from its epoch; remembers every set_epoch call."""
+
+    def __init__(self, n):
+        self.n, self.epoch, self.calls = n, 0, []
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+        self.calls.append(epoch)
+
+    def __iter__(self):
+        return iter(permutation(self.n, self.epoch))
+
+    def __len__(self):
+        return self.n
+
+
+class EpochBatchSampler(EpochSampler):
+    """Batches of 4 of EpochSampler's order."""
+
+    def __iter__(self):
+        order = permutation(self.n, self.epoch)
+        return iter([order[i:i + 4] for i in range(0, self.n, 4)])
+
+    def __len__(self):
+        return -(-self.n // 4)
+
+
+def flat(batches):
+    return [i for b in batches for i in b[1].tolist()]
+
+
+def _sampled(sampler, **kw):
+    if isinstance(sampler, EpochBatchSampler):
+        return make(Rows(12), batch_sampler=sampler, **kw)
+    return make(Rows(12), sampler=sampler, batch_size=4, **kw)
+
+
+@pytest.mark.parametrize("kind", [EpochSampler, EpochBatchSampler])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_callers_own_sampler_epoch_holds(kind, num_workers):
+    sampler = kind(12)
+    sampler.set_epoch(5)
+    with _sampled(sampler, num_workers=num_workers) as dl:
+        first, second = epochs(dl, 2)
+    assert sampler.calls == [5]   # the loader never overrode it
+    assert flat(first) == flat(second) == permutation(12, 5)
+
+
+@pytest.mark.parametrize("kind", [EpochSampler, EpochBatchSampler])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_loader_set_epoch_is_forwarded_to_the_sampler(kind, num_workers):
+    sampler = kind(12)
+    with _sampled(sampler, num_workers=num_workers) as dl:
+        dl.set_epoch(3)
+        e3, e4 = epochs(dl, 2)
+    assert sampler.calls == [3, 4]
+    assert flat(e3) == permutation(12, 3) and flat(e4) == permutation(12, 4)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_loaded_state_forwards_its_epoch_to_the_sampler(num_workers):
+    with _sampled(EpochSampler(12), num_workers=0) as a:
+        a.set_epoch(2)
+        it = iter(a)
+        next(it)
+        state = a.state_dict()
+    sampler = EpochSampler(12)
+    with _sampled(sampler, num_workers=num_workers) as b:
+        b.load_state_dict(state)
+        rest = epochs(b, 1)[0]
+    assert sampler.calls == [2]
+    assert flat(rest) == permutation(12, 2)[4:]

@@ -6,18 +6,19 @@ numbers, strings, None and, where torch is installed, tensors) and one seed
 per sample; the samples of a batch share the structure, dtypes and shapes,
 and differ in their values.  Two properties:
 
-- ``collate(samples)`` equals the reference (np.stack per array leaf,
-  torch.stack per tensor leaf, int64/float64/bool arrays for Python numbers,
-  NumPy scalars as arrays of their dtype, lists for the other leaves), and so
-  does the same batch after a trip through a ring slot (every decode mode)
-  and through pickle (the pipe);
+- ``collate(samples)`` equals the reference (np.stack per array leaf, dtype
+  kept; torch.stack per tensor leaf; int64/float64/bool arrays for Python
+  numbers; NumPy scalars as arrays of their dtype; lists for the other
+  leaves), and so does the same batch after a trip through a ring slot
+  (every decode mode);
 - the real DataLoader yields identical batches for ``num_workers`` 0 and 2,
   ``use_shared_mem`` True and False, ``zero_copy`` True and False.
 
-Examples are derandomized and no database is kept, so a run is reproducible.
+Hypothesis explores combinations; since its derandomized draws favour the
+first choices, every dtype family and layout is also swept once
+deterministically, alone and in one loader run.  Examples are derandomized
+and no database is kept, so a run is reproducible.
 """
-import pickle
-
 import numpy as np
 import pytest
 
@@ -40,7 +41,7 @@ BATCH_TIMEOUT_SECONDS = 30
 #: Bytes of the ring slot the per-batch property writes into.
 SLOT_BYTES = 1 << 20
 
-FUZZ = settings(deadline=None, database=None, derandomize=True,
+FUZZ = settings(max_examples=100, deadline=None, database=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 # -- dtypes ----------------------------------------------------------------
@@ -242,24 +243,56 @@ def batches(draw, size=None):
     return spec, [make_sample(spec, r) for r in rngs]
 
 
-# -- property 1: collate against the reference, and through slot and pickle ----
+# -- property 1: collate against the reference, and through a ring slot --------
 
 _segment = Segment.create(SLOT_BYTES)
 
 
-@FUZZ
-@given(batches())
-def test_collate_equals_np_stack_reference_and_survives_every_transport(case):
-    spec, samples = case
+def check_batch(spec, samples):
+    """collate, and collate into a ring slot decoded in every mode, give the reference."""
     want = reference(spec, samples)
     got = collate(samples, list(range(100, 100 + len(samples))))
     assert_same(got, want)
-    assert_same(pickle.loads(pickle.dumps(got, protocol=pickle.HIGHEST_PROTOCOL)), want)
     for mode in (COPY, VIEW, LEND):
         writer = SlotWriter(_segment, _segment.nbytes)
         done = writer.finish(collate(samples, None, writer.alloc))
         assert done is not None, writer.needed
-        assert_same(decode(_segment, done[0], done[1], mode), want)
+        assert_same(decode(_segment, done[0], done[1], mode), want, f"batch (mode {mode})")
+
+
+def _rngs(n, seed=0):
+    return [np.random.default_rng([seed, i]) for i in range(n)]
+
+
+@pytest.mark.parametrize("dtype", ARRAY_DTYPES, ids=str)
+def test_every_array_dtype_and_layout_collates_as_np_stack(dtype):
+    for shape in [(), (0,), (3,), (2, 3), (3, 0, 2), (2, 1, 3)]:
+        for layout in LAYOUTS:
+            spec = ("array", dtype, shape, layout)
+            check_batch(spec, [make_sample(spec, r) for r in _rngs(3)])
+
+
+@pytest.mark.parametrize("dtype", SCALAR_DTYPES, ids=str)
+def test_every_numpy_scalar_dtype_collates_as_np_array(dtype):
+    spec = ("npscalar", dtype)
+    check_batch(spec, [make_sample(spec, r) for r in _rngs(3)])
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+@pytest.mark.parametrize("name", TENSOR_DTYPES + ["uint16"])
+def test_every_tensor_dtype_and_layout_collates_as_torch_stack(name):
+    for shape in [(), (0,), (2, 3), (3, 1, 2)]:
+        for layout in ("c", "fortran", "strided"):
+            spec = ("tensor", name, shape, layout)
+            check_batch(spec, [make_sample(spec, r) for r in _rngs(3)])
+
+
+@FUZZ
+@given(batches())
+def test_collate_equals_the_reference_also_through_a_ring_slot(case):
+    spec, samples = case
+    want = reference(spec, samples)
+    check_batch(spec, samples)
 
 
 # -- property 2: the real loader, every transport ------------------------------
@@ -280,20 +313,21 @@ class ListDataset:
 @st.composite
 def datasets(draw):
     """(batch size, expected batches, samples): a few groups of one size, one
-    structure each, so that one loader epoch covers several structures."""
+    structure each, so that one loader epoch covers several structures.
+    Non-native byte orders are left out: the pipe does not keep them (see
+    test_loader_keeps_non_native_byte_order_through_the_pipe)."""
     size = draw(st.integers(1, 4))
-    groups = draw(st.lists(batches(size), min_size=2, max_size=5))
+    groups = draw(st.lists(batches(size).filter(lambda case: _native(case[0])),
+                           min_size=2, max_size=5))
     return size, [reference(spec, s) for spec, s in groups], [x for _, s in groups for x in s]
 
 
 CONFIGS = [(w, s, z) for w in (0, 2) for s in (True, False) for z in (True, False)]
 
 
-@settings(FUZZ, max_examples=8)
-@given(datasets())
-def test_loader_batches_are_identical_for_every_transport(case):
-    size, want, samples = case
-    for num_workers, shared, zero_copy in CONFIGS:
+def check_loader(size, want, samples, configs=CONFIGS):
+    """Every loader configuration yields ``want`` for ``samples`` in batches of ``size``."""
+    for num_workers, shared, zero_copy in configs:
         loader = DataLoader(ListDataset(samples), batch_size=size, shuffle=False,
                             num_workers=num_workers, use_shared_mem=shared, zero_copy=zero_copy,
                             seed=0, timeout=BATCH_TIMEOUT_SECONDS)
@@ -306,3 +340,60 @@ def test_loader_batches_are_identical_for_every_transport(case):
                                            f"use_shared_mem={shared}, zero_copy={zero_copy})")
                 n += 1
         assert n == len(want)
+
+
+def _native(spec):
+    """False where a leaf has a non-native byte order (see the xfail test below)."""
+    kind = spec[0]
+    if kind in ("tuple", "list"):
+        return all(_native(c) for c in spec[1])
+    if kind == "dict":
+        return all(_native(c) for _, c in spec[1])
+    if kind == "array":
+        return spec[1].names is not None or spec[1].isnative  # records keep their fields'
+    return True
+
+
+@settings(FUZZ, max_examples=25)
+@given(datasets())
+def test_loader_batches_are_identical_for_every_transport(case):
+    check_loader(*case)
+
+
+def _kitchen_sink(native=True):
+    """One structure with every dtype family, layout and leaf kind."""
+    arrays = [("array", d, (2, 3), layout) for d in ARRAY_DTYPES
+              for layout in ("c", "negative") if _native(("array", d, (), "c")) == native]
+    fields = [("a%d" % i, spec) for i, spec in enumerate(arrays)]
+    if native:
+        fields += [("s%d" % i, ("npscalar", d)) for i, d in enumerate(SCALAR_DTYPES)
+                   if _native(("array", d, (), "c"))]
+        fields += [("fortran", ("array", np.dtype("f4"), (2, 3), "fortran")),
+                   ("strided", ("array", np.dtype("c8"), (3, 2), "strided")),
+                   ("zero_d", ("array", np.dtype("i8"), (), "c")),
+                   ("empty", ("array", np.dtype("f8"), (0, 2), "c")),
+                   ("python", ("tuple", (("int",), ("float",), ("bool",), ("str",), ("none",),
+                                         ("bytes",))))]
+        if torch is not None:
+            fields += [("t_" + n, ("tensor", n, (2, 2), "c")) for n in TENSOR_DTYPES]
+    return ("dict", tuple(fields))
+
+
+def test_loader_carries_every_dtype_family_identically_in_every_transport():
+    spec = _kitchen_sink()
+    samples = [make_sample(spec, r) for r in _rngs(7, seed=1)]
+    # Batches of 3: the last one has a single sample.
+    want = [reference(spec, samples[i:i + 3]) for i in range(0, 7, 3)]
+    check_loader(3, want, samples)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the pipe path (use_shared_mem=False, or a batch too big for its slot) sends the batch "
+    "with multiprocessing's pickle (protocol 4), and NumPy 2.4 unpickles non-native byte "
+    "order arrays as native ones (values kept, dtype changed): the worker's pipe send "
+    "must carry the dtype; the ring and num_workers=0 keep it"))
+def test_loader_keeps_non_native_byte_order_through_the_pipe():
+    spec = _kitchen_sink(native=False)
+    samples = [make_sample(spec, r) for r in _rngs(4, seed=2)]
+    want = [reference(spec, samples[i:i + 2]) for i in range(0, 4, 2)]
+    check_loader(2, want, samples, [(2, False, False)])

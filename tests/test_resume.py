@@ -1,14 +1,13 @@
 """state_dict() / load_state_dict(): exact mid-epoch resume, in this process and in a new one."""
 import json
-import subprocess
-import sys
-import textwrap
+import random
 import time
 
 import numpy as np
 import pytest
 
 from netcl_loader import ArrayDataset, DataLoader
+from procs import gone, run_child
 
 #: Seconds a resumed run in a new process may take.
 SUBPROCESS_TIMEOUT_SECONDS = 120
@@ -178,7 +177,7 @@ def test_resume_in_a_new_process():
     with make(n, num_workers=2, **kw) as a:
         a.set_epoch(4)
         got, state = stop_after(a, 2)
-    code = textwrap.dedent(f"""
+    code = f"""
         import json, sys
         import numpy as np
         from netcl_loader import ArrayDataset, DataLoader
@@ -188,9 +187,8 @@ def test_resume_in_a_new_process():
             dl.load_state_dict(json.loads(sys.argv[1]))
             out = [[b[0].tolist() for b in dl] for _ in range(2)]
         print(json.dumps(out))
-    """)
-    proc = subprocess.run([sys.executable, "-c", code, state], capture_output=True, text=True,
-                          timeout=SUBPROCESS_TIMEOUT_SECONDS)
+    """
+    proc = run_child(code, timeout=SUBPROCESS_TIMEOUT_SECONDS, args=[state])
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     rest, following = json.loads(proc.stdout)
     assert len(got) == 2 and got + rest == ref[0] and following == ref[1]
@@ -340,3 +338,125 @@ def test_a_state_with_another_seed_restarts_the_workers_with_it():
         assert b.seed == 1
         assert [t[0].tolist() for t in b] == ref
         assert b.worker_pids and set(b.worker_pids).isdisjoint(old)
+
+
+# -- hostile states: refused, naming the key and the value, before anything changes ----
+
+#: Every key load_state_dict() needs ("rank" is not checked: see its docstring).
+REQUIRED_KEYS = ("version", "epoch", "batches_done", "extra_done", "seed", "dataset_len",
+                 "batch_size", "drop_last", "shuffle", "world_size")
+
+HOSTILE_STATES = [
+    # id, keys changed (or the key removed), key named, value shown
+    ("extra_done='123'", {"extra_done": "123"}, "extra_done", "'123'"),
+    ("extra_done=[1.5]", {"extra_done": [1.5]}, "extra_done", "1.5"),
+    ("batches_done=2.7", {"batches_done": 2.7}, "batches_done", "2.7"),
+    ("batches_done='3'", {"batches_done": "3"}, "batches_done", "'3'"),
+    ("batches_done=True", {"batches_done": True}, "batches_done", "True"),
+    ("epoch=-5", {"epoch": -5}, "epoch", "-5"),
+    ("seed=-1", {"seed": -1}, "seed", "-1"),
+    ("version=99", {"version": 99}, "version", "99"),
+] + [(f"without-{key}", key, key, None) for key in REQUIRED_KEYS]
+
+
+@pytest.mark.parametrize("change, key, shown", [h[1:] for h in HOSTILE_STATES],
+                         ids=[h[0] for h in HOSTILE_STATES])
+def test_a_hostile_state_is_refused_before_anything_changes(change, key, shown):
+    n, kw = 22, dict(seed=4, num_workers=2)
+    ref = reference(n, 0, **kw)
+    with make(n, **kw) as dl:
+        it = iter(dl)
+        got = [ids(next(it)) for _ in range(2)]
+        pids = dl.worker_pids
+        good = dl.state_dict()
+        bad = json.loads(json.dumps(good))
+        if isinstance(change, str):
+            del bad[change]
+        else:
+            bad.update(change)
+        with pytest.raises((ValueError, TypeError)) as info:
+            dl.load_state_dict(bad)
+        msg = str(info.value)
+        assert key in msg, msg
+        if shown is not None:
+            assert shown in msg, msg
+        # Nothing changed: the same pool, alive; the same state; the epoch goes on.
+        assert dl.worker_pids == pids and not any(gone(p) for p in pids)
+        assert dl.state_dict() == good
+        assert got + [ids(b) for b in it] == ref[0]
+        assert epoch(dl) == ref[1]
+        assert dl.worker_pids == pids
+
+
+def test_a_state_without_rank_is_accepted():
+    # The rank is not checked (a state saved by rank 0 resumes every rank).
+    with make(20, seed=0) as a:
+        got, state = stop_after(a, 2)
+    state = json.loads(state)
+    del state["rank"]
+    with make(20, seed=0) as b:
+        b.load_state_dict(state)
+        assert got + epoch(b) == reference(20, 0, seed=0)[0]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_state_right_after_loading_is_the_loaded_one_while_an_old_iterator_lives(num_workers):
+    n, kw = 22, dict(seed=3, num_workers=num_workers)
+    ref = reference(n, 4, **kw)
+    with make(n, **kw) as other:
+        other.set_epoch(4)
+        got, state = stop_after(other, 3)
+    with make(n, **kw) as dl:
+        it = iter(dl)
+        next(it), next(it)
+        dl.load_state_dict(json.loads(state))
+        st = dl.state_dict()
+        assert (st["epoch"], st["batches_done"], st["extra_done"]) == (4, 3, []), st
+        assert got + epoch(dl) == ref[0]
+        assert epoch(dl) == ref[1]
+        del it  # alive until here
+
+
+# -- exact resume of random augmentations (torchdata's test shape) --------------------
+
+class Augmenting:
+    """Sample i: (i, a NumPy draw, a ``random`` draw): a random augmentation of sample i."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return i, np.random.rand(3).astype(np.float32), random.random()
+
+
+def augmented(batch):
+    return tuple(x.tolist() for x in batch)
+
+
+@pytest.mark.parametrize("before, after", [(0, 0), (0, 2), (2, 0), (2, 2)])
+def test_resume_with_random_augmentations_is_exact(before, after):
+    """Epochs run, a state taken k batches into one, a new loader with another
+    num_workers loads it: the rest is the original run's rest, draws included."""
+    n, kw = 26, dict(batch_size=4, seed=31, shuffle=True, worker_seeding="batch")
+
+    def run(loader, count):
+        return [[augmented(b) for b in loader] for _ in range(count)]
+
+    with DataLoader(Augmenting(n), num_workers=before, **kw) as dl:
+        ref = run(dl, 3)
+    assert ref[0] != ref[1] and len({b[2][0] for e in ref for b in e}) > 1  # it does draw
+    for k in (0, 3, len(ref[1])):
+        with DataLoader(Augmenting(n), num_workers=before, **kw) as a:
+            assert run(a, 1) == ref[:1]
+            it = iter(a)
+            got = [augmented(next(it)) for _ in range(k)]
+            state = json.loads(json.dumps(a.state_dict()))
+        with DataLoader(Augmenting(n), num_workers=after, **kw) as b:
+            b.load_state_dict(state)
+            rest, following = run(b, 2)
+        assert got == ref[1][:k], k
+        assert rest == ref[1][k:], k
+        assert following == ref[2], k

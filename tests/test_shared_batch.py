@@ -367,3 +367,210 @@ def test_ring_in_a_small_memory_cgroup_is_refused_naming_the_limit():
     assert out.stdout.startswith("ERR cannot reserve 67108864 bytes of shared memory"), out.stdout
     assert f"the memory limit of cgroup {child} is {limit} bytes" in out.stdout
     assert "Remedy:" in out.stdout
+
+
+# -- leaves that cannot live in shared memory, and zero-size ones ----------------
+
+from netcl_loader._collate import collate  # noqa: E402
+from netcl_loader.shared_batch import (COPY, LEND, VIEW, SlotWriter, convert_output,  # noqa: E402
+                                       decode)
+
+
+def _through_slot(ring, samples, mode, output=None, transform=None):
+    """Collate ``samples`` into a slot of ``ring`` as a worker does, and decode them."""
+    slot = ring.acquire()
+    writer = SlotWriter(ring.segment(slot), ring.capacity(slot))
+    batch = collate(samples, None, writer.alloc)
+    if transform is not None:
+        batch = transform(batch)
+    done = writer.finish(batch)
+    assert done is not None, writer.needed
+    return slot, writer, decode(ring.segment(slot), done[0], done[1], mode, output=output)
+
+
+def _inside(ptr, segment):
+    return segment.address <= ptr < segment.address + segment.nbytes
+
+
+def test_alloc_gives_object_dtypes_a_private_array_carried_in_the_record():
+    with SharedBatchRingBuffer(1, 1 << 16) as ring:
+        writer = SlotWriter(ring.segment(0), ring.capacity(0))
+        for dtype in (object, [("o", "O"), ("n", "<i8")], np.dtypes.StringDType()):
+            a = writer.alloc((2, 3), dtype)
+            assert a.dtype == np.dtype(dtype) and a.flags.owndata
+            assert not np.shares_memory(a, np.frombuffer(ring.segment(0), np.uint8))
+        assert writer.needed == 0
+        samples = [(np.array([i, "s"], dtype=object), np.full(2, i)) for i in range(3)]
+        for mode in (COPY, VIEW, LEND):
+            _, _, got = _through_slot(ring, samples, mode)
+            assert got[0].dtype == object and got[0].tolist() == [[0, "s"], [1, "s"], [2, "s"]]
+            assert got[0].flags.writeable == (mode != VIEW)  # VIEW promises read-only
+            np.testing.assert_array_equal(got[1], [[0, 0], [1, 1], [2, 2]])
+            ring.release(0)
+
+
+@pytest.mark.parametrize("mode", [COPY, VIEW, LEND])
+def test_zero_size_arrays_go_through_a_slot(mode):
+    samples = [(np.zeros(3, "V0"), np.empty((3, 0)), np.zeros(2, np.dtype([])), i)
+               for i in range(2)]
+    with SharedBatchRingBuffer(1, 1 << 16) as ring:
+        _, _, got = _through_slot(ring, samples, mode)
+        for g, want in zip(got[:3], collate(samples)[:3]):
+            assert g.dtype == want.dtype and g.shape == want.shape
+        np.testing.assert_array_equal(got[3], [0, 1])
+        # A zero-size array a transform made is described too, not copied.
+        ring.release(0)
+        _, _, got = _through_slot(ring, samples, mode, transform=lambda b: (np.zeros((4, 0), "f4"),))
+        assert got[0].shape == (4, 0) and got[0].dtype == np.float32
+
+
+# -- torch tensors in slots (SPEC §10) ------------------------------------------------
+
+def _torch():
+    return pytest.importorskip("torch", reason="torch is not installed (the 'bench' extra)")
+
+
+TENSOR_DTYPES = ["bool", "uint8", "int16", "int64", "uint16", "float16", "bfloat16", "float32",
+                 "float64", "complex64", "complex128"]
+
+
+def _tensor_samples(torch, name, n=3):
+    dtype = getattr(torch, name)
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(n, 4, 5, generator=g) * 50
+    if dtype.is_complex:
+        base = torch.complex(base, -base)
+    return [base[i].to(dtype) for i in range(n)]
+
+
+@pytest.mark.parametrize("name", TENSOR_DTYPES)
+@pytest.mark.parametrize("mode", [COPY, VIEW, LEND], ids=["COPY", "VIEW", "LEND"])
+def test_tensor_batch_through_a_real_slot_is_a_tensor_on_the_slot_memory(name, mode):
+    torch = _torch()
+    samples = _tensor_samples(torch, name)
+    want = torch.stack(samples)
+    with SharedBatchRingBuffer(1, 1 << 16) as ring:
+        _, _, (got, label) = _through_slot(ring, [(t, i) for i, t in enumerate(samples)], mode)
+        assert isinstance(got, torch.Tensor) and got.dtype == want.dtype
+        assert torch.equal(got, want)
+        np.testing.assert_array_equal(label, [0, 1, 2])
+        ptr = got.untyped_storage().data_ptr()
+        if mode == COPY:
+            assert not _inside(ptr, ring.segment(0))
+        else:
+            assert _inside(ptr, ring.segment(0))  # no copy: the tensor is the slot's memory
+
+
+def test_tensors_a_transform_made_are_copied_into_the_slot_and_slot_views_are_not():
+    torch = _torch()
+    samples = [torch.full((4, 6), float(i)) for i in range(3)]
+    with SharedBatchRingBuffer(1, 1 << 16) as ring:
+        sizes = {}
+        for name, transform in {
+            "same": lambda b: b,
+            "slice": lambda b: b[1:],                        # a view into the slot
+            "new": lambda b: (b * 2).to(torch.bfloat16),     # made elsewhere
+            "transposed": lambda b: b.transpose(1, 2),       # in the slot, not contiguous
+        }.items():
+            _, writer, got = _through_slot(ring, samples, LEND, transform=transform)
+            want = transform(torch.stack(samples))
+            assert got.dtype == want.dtype and torch.equal(got, want), name
+            assert _inside(got.untyped_storage().data_ptr(), ring.segment(0)), name
+            sizes[name] = writer.needed
+            del got
+            ring.release(0)
+        assert sizes["slice"] == sizes["same"]  # found by its pointer: nothing copied
+        assert sizes["new"] > sizes["same"] and sizes["transposed"] > sizes["same"]
+
+
+def test_ring_put_and_get_carry_tensors():
+    torch = _torch()
+    batch = {"x": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3), "n": ["a", "b"],
+             "y": np.arange(2)}
+    with SharedBatchRingBuffer(2, 1 << 16) as ring:
+        ring.put(batch)
+        got = ring.get()
+    assert isinstance(got["x"], torch.Tensor) and torch.equal(got["x"], batch["x"])
+    assert got["n"] == ["a", "b"] and isinstance(got["y"], np.ndarray)
+
+
+@pytest.mark.parametrize("mode", [COPY, VIEW, LEND], ids=["COPY", "VIEW", "LEND"])
+def test_decode_output_numpy_and_torch(mode):
+    torch = _torch()
+    samples = [{"b": torch.full((2,), i + 0.5, dtype=torch.bfloat16), "f": torch.full((2,), float(i)),
+                "a": np.full(3, i, np.int32), "n": i, "w": i / 4, "ok": bool(i), "s": f"s{i}",
+                "t": np.datetime64("2020-01-01") + i, "big": np.full(2, i, ">f4")}
+               for i in range(3)]
+    with SharedBatchRingBuffer(1, 1 << 16) as ring:
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # VIEW's tensors come without torch's warning
+            _, _, as_np = _through_slot(ring, samples, mode, output="numpy")
+            ring.release(0)
+            _, _, as_torch = _through_slot(ring, samples, mode, output="torch")
+        # numpy: tensors give arrays; bfloat16 (no NumPy type) gives float32
+        assert as_np["b"].dtype == np.float32 and as_np["b"].tolist() == [[0.5] * 2, [1.5] * 2, [2.5] * 2]
+        assert as_np["f"].dtype == np.float32 and type(as_np["f"]) is np.ndarray
+        assert type(as_np["a"]) is np.ndarray and as_np["s"] == ["s0", "s1", "s2"]
+        # torch: every array torch can hold is a tensor, on the slot memory unless COPY
+        assert as_torch["a"].dtype == torch.int32 and as_torch["b"].dtype == torch.bfloat16
+        assert (as_torch["n"].dtype, as_torch["w"].dtype, as_torch["ok"].dtype) == (
+            torch.int64, torch.float64, torch.bool)  # as torch's default_collate makes them
+        assert as_torch["w"].tolist() == [0.0, 0.25, 0.5]
+        assert as_torch["s"] == ["s0", "s1", "s2"]
+        assert isinstance(as_torch["t"], np.ndarray) and isinstance(as_torch["big"], np.ndarray)
+        assert _inside(as_torch["a"].untyped_storage().data_ptr(), ring.segment(0)) == (mode != COPY)
+        with pytest.raises(ValueError, match="output must be None, 'numpy' or 'torch', got 'jax'"):
+            decode(ring.segment(0), 0, 0, mode, output="jax")
+
+
+def test_convert_output_applies_the_same_rule_to_batches_in_memory():
+    torch = _torch()
+    ro = np.arange(3.0)
+    ro.flags.writeable = False
+    batch = Pair(x={"a": np.arange(4, dtype=np.uint8).reshape(2, 2), "n": np.array([1, 2]),
+                    "s": ["u", "v"], "rev": np.arange(4)[::-1], "ro": ro},
+                 y=[torch.ones(2, dtype=torch.bfloat16), np.array(["x", "y"]),
+                    np.zeros(2, ">i4"), np.array([None, 1], dtype=object)])
+    assert convert_output(batch, None) is batch
+    t = convert_output(batch, "torch")
+    assert type(t) is Pair and type(t.x) is dict and type(t.y) is list
+    assert t.x["a"].dtype == torch.uint8 and t.x["n"].dtype == torch.int64
+    assert t.x["a"].data_ptr() == batch.x["a"].ctypes.data  # no copy
+    assert t.x["rev"].tolist() == [3, 2, 1, 0]  # negative strides: copied, values kept
+    assert t.x["ro"].tolist() == [0.0, 1.0, 2.0]
+    assert t.x["s"] == ["u", "v"] and t.y[0] is batch.y[0]
+    for kept in t.y[1:]:  # strings, non-native byte order, objects stay NumPy
+        assert isinstance(kept, np.ndarray)
+    n = convert_output(batch, "numpy")
+    assert type(n) is Pair
+    assert n.y[0].dtype == np.float32 and n.y[0].tolist() == [1.0, 1.0]
+    assert n.x["a"] is batch.x["a"]
+    f = torch.arange(3.0)
+    assert convert_output((f,), "numpy")[0].ctypes.data == f.data_ptr()  # on its memory
+    with pytest.raises(ValueError, match="output must be None, 'numpy' or 'torch', got 'pt'"):
+        convert_output(batch, "pt")
+
+
+def _decode_in_fresh_process(ring, slot, queue):
+    import sys as _sys
+    had = "torch" in _sys.modules
+    meta_off, meta_len, _ = ring.header.result(slot)
+    got = decode(ring.segment(slot), meta_off, meta_len, COPY)
+    queue.put((had, type(got[0]).__module__, got[0].dtype.__repr__(), got[0].tolist()))
+
+
+def test_decode_imports_torch_only_for_a_record_with_tensors():
+    torch = _torch()
+    ctx = mp.get_context("spawn")
+    with SharedBatchRingBuffer(1, 1 << 16) as ring:
+        slot = ring.acquire()
+        ring.write(slot, (torch.tensor([1.5, 2.5], dtype=torch.bfloat16),))
+        queue = ctx.Queue()
+        child = ctx.Process(target=_decode_in_fresh_process, args=(ring, slot, queue))
+        child.start()
+        had, module, dtype, values = queue.get(timeout=120)
+        child.join(60)
+    assert child.exitcode == 0
+    assert not had  # nothing imported torch before the record asked for it
+    assert module.startswith("torch") and dtype == "torch.bfloat16" and values == [1.5, 2.5]

@@ -5,7 +5,9 @@ Why in C: for small samples the per-sample cost decides the loader's speed.
 Shapes, dtypes and data pointers are checked and gathered under the GIL with
 the buffer protocol (no attribute lookups per sample); then one ``with
 nogil:`` block does one memcpy per sample into a buffer the caller provides
-(a fresh array, or a ring slot).
+(a fresh array, or a ring slot).  CPU torch tensors take the same path, as
+arrays on their memory; torch is never imported here, only found once the
+caller has imported it.
 """
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_RECORDS_RO, PyBUF_RECORDS, PyBUF_WRITABLE, PyBUF_C_CONTIGUOUS
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
@@ -400,7 +402,9 @@ cdef object _stack_arrays(list vals, list indices, str path, object alloc):
                     _mismatch(indices, i, path, "shape", shape, v.shape)
             out = alloc((B,) + shape, dtype)
             for i in range(B):
-                out[i] = vals[i]
+                # `[i, ...]`: a view, so that a 0-d object array gives its
+                # element, not itself (`out[i] = a` would store the array).
+                out[i, ...] = vals[i]
             return out
         for i in range(B):
             # dtype before the buffer: a datetime exports none, and a shape
@@ -450,7 +454,7 @@ cdef object _stack_arrays(list vals, list indices, str path, object alloc):
                         netcl_gather(<char *>out_view.buf + i * item_bytes, &srcs[i],
                                      <size_t>item_bytes, 1)
             for i in strided:
-                out[i] = vals[i]
+                out[i, ...] = vals[i]
         return out
     finally:
         if have_out:

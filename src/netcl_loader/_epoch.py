@@ -6,7 +6,7 @@ import warnings
 
 import numpy as np
 
-from ._pool import (LEASE_NEXT_CALL, LEASE_REFS, LEASE_UPLOAD, LIVENESS_CHECK_SECONDS, SLOT_GROWTH,
+from ._pool import (LEASE_NEXT_CALL, LEASE_REFS, LEASE_UPLOAD, SLOT_GROWTH,
                     WorkerError)
 from ._protocol import BATCH, END, ERROR, rebuild_error
 from ._ring import PIPED, READY
@@ -257,51 +257,59 @@ class EpochIterator:
             self.pending[seq] = (slot, wid, len(indices))
 
     def _wait(self):
-        """Sleep until the next batch (in order, or any with in_order=False) is published."""
-        loader, pool = self.loader, self.pool
+        """Sleep until the next batch (in order, or any with in_order=False) is published.
+
+        The wait itself is C without the GIL (``wait_slot``/``wait_published``
+        sleep on the ring's wake word); Python runs only at the slice boundary,
+        to check the workers' liveness and the timeout.
+        """
+        pool = self.pool
         header = pool.header
-        timeout = loader.timeout
-        t0 = time.perf_counter()
-        last_check = t0
-        target = min(self.pending) if loader.in_order else None
-        while True:
-            seen = header.gen()
-            if target is not None:
-                slot, wid, n = self.pending[target]
-                st = header.state(slot)
-                if st == READY or st == PIPED:
-                    found = target
-                    break
-            else:
-                found = None
-                for seq in sorted(self.pending):
-                    st = header.state(self.pending[seq][0])
-                    if st == READY or st == PIPED:
-                        found = seq
-                        break
-                if found is not None:
-                    break
-            now = time.perf_counter()
-            if timeout is not None and now - t0 >= timeout:
-                waiting = target if target is not None else min(self.pending)
-                slot, wid, _ = self.pending[waiting]
-                self._abandon()
-                raise TimeoutError(
-                    f"DataLoader timed out after timeout={timeout} s waiting for batch {waiting} "
-                    f"from worker {wid} (pid {pool.procs[wid].pid})")
-            if now - last_check >= LIVENESS_CHECK_SECONDS:
-                last_check = now
-                pool.check_alive()
-                pool.reap(self.token)
-            slice_ms = WAIT_SLICE_MS
-            if timeout is not None:
-                slice_ms = max(1, min(slice_ms, int((timeout - (now - t0)) * 1000) + 1))
-            if header.wait_gen(seen, slice_ms):
-                pool.check_alive()
-                last_check = time.perf_counter()
-        loader._stats.wait_seconds += time.perf_counter() - t0
+        if self.loader.in_order:
+            # Tasks are dispatched in batch order: the oldest pending is the next.
+            found = next(iter(self.pending))
+            slot = self.pending[found][0]
+            st = header.state(slot)
+            if st != READY and st != PIPED:
+                self._sleep(lambda ms: header.wait_slot(slot, ms) >= 0, found)
+        else:
+            seqs = sorted(self.pending)
+            slots = np.array([self.pending[q][0] for q in seqs], np.uint32)
+            box = []
+
+            def ready(ms):
+                k = header.wait_published(slots, ms)
+                if k >= 0:
+                    box.append(seqs[k])
+                return k >= 0
+            if not ready(0):
+                self._sleep(ready, seqs[0])
+            found = box[0]
         slot, wid, n = self.pending.pop(found)
         return found, slot, wid, n
+
+    def _sleep(self, ready, waiting):
+        """Call ``ready(slice_ms)`` (a C wait) until it is true, checking liveness and
+        the timeout between slices; the time counts as the caller's wait."""
+        loader, pool = self.loader, self.pool
+        timeout = loader.timeout
+        t0 = time.perf_counter()
+        while True:
+            slice_ms = WAIT_SLICE_MS
+            if timeout is not None:
+                left = timeout - (time.perf_counter() - t0)
+                if left <= 0:
+                    slot, wid, _ = self.pending[waiting]
+                    self._abandon()
+                    raise TimeoutError(
+                        f"DataLoader timed out after timeout={timeout} s waiting for batch "
+                        f"{waiting} from worker {wid} (pid {pool.procs[wid].pid})")
+                slice_ms = max(1, min(slice_ms, int(left * 1000) + 1))
+            if ready(slice_ms):
+                break
+            pool.check_alive()
+            pool.reap(self.token)
+        loader._stats.wait_seconds += time.perf_counter() - t0
 
     def _wait_for_slot(self):
         """Sleep until a slot is free: stale tasks finish, the caller drops a lent

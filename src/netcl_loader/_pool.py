@@ -13,7 +13,7 @@ import numpy as np
 
 from ._protocol import (ENTRY_PIPED_TASK, ENTRY_REMAP, ENTRY_STOP, ENTRY_TASK,
                         FLAG_PICKLED_INDICES, KIND_REMAP, KIND_TASK, TASK_HEADER)
-from ._ring import ASSIGNED, CANCELLED, FREE, PIPED, READY
+from ._ring import CANCELLED, FREE, PIPED, READY
 from ._worker import Lifeline, WorkerConfig, worker_loop
 from .shared_batch import SharedBatchRingBuffer
 
@@ -230,17 +230,21 @@ class Pool:
             self.grow(slot, self.slot_need)  # may raise SharedMemoryError: the slot stays free
         self.free.pop()
         self.slot_task[slot] = (token, seq, wid)
-        self.header.set_task(slot, token, seq, wid + 1, epoch)
-        self.header.claim(slot, FREE, ASSIGNED)
-        if isinstance(indices, np.ndarray):
-            payload, flags = indices.tobytes(), 0
+        if isinstance(indices, np.ndarray) and indices.dtype == np.int64:
+            idx = indices if indices.flags.c_contiguous else np.ascontiguousarray(indices)
         elif all(type(i) is int for i in indices):
-            payload, flags = np.asarray(indices, np.int64).tobytes(), 0
+            idx = np.asarray(indices, np.int64)
         else:
-            payload, flags = pickle.dumps(list(indices)), FLAG_PICKLED_INDICES
-        if not flags and self.header.set_indices(slot, payload):
+            idx = None  # not all ints (a sampler's keys): pickled on the pipe
+        # One C call: the task's fields, FREE -> ASSIGNED, the indices in the
+        # slot's index area when they fit.
+        if self.header.assign(slot, token, seq, wid + 1, epoch, idx):
             self.push(wid, ENTRY_TASK | slot)
         else:
+            if idx is not None:
+                payload, flags = idx.tobytes(), 0
+            else:
+                payload, flags = pickle.dumps(list(indices)), FLAG_PICKLED_INDICES
             self.send(wid, TASK_HEADER.pack(KIND_TASK, flags, token, seq, slot, epoch) + payload)
             self.push(wid, ENTRY_PIPED_TASK | slot)
         return slot, wid

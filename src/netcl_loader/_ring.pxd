@@ -1,5 +1,5 @@
 # Declarations of the C core (csrc/) and of the ring's compiled classes.
-from libc.stdint cimport uint32_t, uint64_t, intptr_t
+from libc.stdint cimport int64_t, uint32_t, uint64_t, intptr_t
 
 
 cdef extern from "netcl_shm.h" nogil:
@@ -57,6 +57,11 @@ cdef extern from "netcl_ring.h" nogil:
         uint64_t used
         uint64_t needed
         uint64_t capacity
+        uint64_t fetch_ns
+        uint64_t collate_ns
+        uint64_t transform_ns
+        uint64_t write_ns
+        uint64_t start_ns
     netcl_slot_header_t *netcl_slot(void *base, uint32_t i)
     ctypedef struct netcl_queue_t:
         uint32_t head
@@ -66,6 +71,16 @@ cdef extern from "netcl_ring.h" nogil:
     uint64_t netcl_entries_offset(uint32_t nslots, uint32_t nqueues)
     uint64_t netcl_index_offset(uint32_t nslots, uint32_t nqueues, uint32_t qcap)
     uint64_t netcl_header_bytes(uint32_t nslots, uint32_t nqueues, uint32_t qcap, uint32_t index_bytes)
+    void netcl_ring_publish(netcl_ring_header_t *hdr, netcl_slot_header_t *s, uint32_t state)
+    int netcl_ring_wait_gen(netcl_ring_header_t *hdr, uint32_t seen, int timeout_ms)
+    int netcl_queue_push(netcl_queue_t *q, uint32_t *entries, uint32_t qcap, uint32_t entry)
+    int64_t netcl_queue_pop(netcl_queue_t *q, const uint32_t *entries, uint32_t qcap, int timeout_ms)
+    int netcl_ring_assign(netcl_slot_header_t *s, char *area, uint32_t index_bytes, uint32_t token,
+                          uint64_t seq, uint32_t owner, uint32_t epoch, const int64_t *indices,
+                          uint64_t n)
+    int64_t netcl_ring_find_published(netcl_ring_header_t *hdr, const uint32_t *slots, uint32_t n)
+    int64_t netcl_ring_wait_published(netcl_ring_header_t *hdr, const uint32_t *slots, uint32_t n,
+                                      int timeout_ms)
 
 
 cdef class Segment:
@@ -100,3 +115,4 @@ cdef class RingHeader:
     cpdef tuple task(self, uint32_t i)
     cpdef uint64_t capacity(self, uint32_t i)
     cpdef uint32_t next_ticket(self)
+    cpdef tuple times(self, uint32_t i)

@@ -6,7 +6,7 @@ lock-free atomics with acquire/release ordering; waits must sleep on the state
 word itself (a futex) without holding the GIL.  Python has neither.
 """
 from cpython.buffer cimport PyBUF_FORMAT
-from libc.stdint cimport uint32_t, uint64_t, intptr_t
+from libc.stdint cimport int64_t, uint32_t, uint64_t, intptr_t
 from libc.string cimport memcpy
 
 import os
@@ -180,6 +180,7 @@ cdef class RingHeader:
                 s.epoch = 0
                 s.seq = 0
                 s.meta_off = s.meta_len = s.used = s.needed = s.capacity = 0
+                s.fetch_ns = s.collate_ns = s.transform_ns = s.write_ns = s.start_ns = 0
                 netcl_store_seq(&s.state, NETCL_FREE)
             for i in range(nqueues):
                 netcl_store_seq(&self.queues[i].head, 0)
@@ -209,36 +210,86 @@ cdef class RingHeader:
         A store and a release, and a wake only when the consumer sleeps.
         """
         cdef netcl_queue_t *qu = self.queue(q)
-        cdef uint32_t head = qu.head  # only this process writes it
-        if head - netcl_load_acquire(&qu.tail) >= self.qcap:
-            return False
-        self.entries[<uint64_t>q * self.qcap + head % self.qcap] = entry
-        netcl_store_seq(&qu.head, head + 1)
-        if netcl_load_seq(&qu.sleeping):
-            netcl_wake_all(&qu.head)
-        return True
+        return netcl_queue_push(qu, self.entries + <uint64_t>q * self.qcap, self.qcap, entry)
 
     cpdef long pop(self, uint32_t q, int timeout_ms):
         """The next entry of queue ``q`` (consumer side), or -1 after ``timeout_ms``."""
         cdef netcl_queue_t *qu = self.queue(q)
-        cdef uint32_t tail = qu.tail  # only this process writes it
-        cdef uint32_t head = netcl_load_acquire(&qu.head)
-        cdef uint32_t entry
-        if head == tail:
-            # Announce the sleep, then look again: a push in between either
-            # sees `sleeping` and wakes us, or changed `head` before we wait.
-            netcl_store_seq(&qu.sleeping, 1)
-            head = netcl_load_seq(&qu.head)
-            if head == tail:
-                with nogil:
-                    netcl_wait_u32(&qu.head, head, timeout_ms)
-            netcl_store_seq(&qu.sleeping, 0)
-            head = netcl_load_acquire(&qu.head)
-            if head == tail:
-                return -1
-        entry = self.entries[<uint64_t>q * self.qcap + tail % self.qcap]
-        netcl_store_release(&qu.tail, tail + 1)
-        return entry
+        cdef const uint32_t *entries = self.entries + <uint64_t>q * self.qcap
+        cdef int64_t entry
+        with nogil:
+            entry = netcl_queue_pop(qu, entries, self.qcap, timeout_ms)
+        return <long>entry
+
+    def assign(self, uint32_t i, uint32_t token, uint64_t seq, uint32_t owner, uint32_t epoch,
+               const int64_t[::1] indices=None):
+        """Give FREE slot ``i`` a task (main process), with its indices in the slot's
+        index area; True when they fit there, False when they must go by pipe.
+
+        Raises
+        ------
+        RuntimeError
+            When the slot is not FREE (a protocol error).
+        """
+        cdef netcl_slot_header_t *s = self.slot(i)
+        cdef const int64_t *idx = NULL
+        cdef uint64_t n = 0
+        if indices is not None:
+            n = <uint64_t>indices.shape[0]
+            idx = &indices[0] if n else <const int64_t *>self.index_area
+        cdef int rc = netcl_ring_assign(s, self.index_area + <uint64_t>i * self.index_bytes,
+                                        self.index_bytes, token, seq, owner, epoch, idx, n)
+        if rc < 0:
+            raise RuntimeError(f"slot {i} is not FREE (state {netcl_load_acquire(&s.state)}): "
+                               f"it cannot take a task")
+        return rc == 1
+
+    def wait_published(self, const uint32_t[::1] slots, int timeout_ms):
+        """Wait up to ``timeout_ms`` until one of ``slots`` is READY or PIPED.
+
+        Returns its position in ``slots`` (the first such, in the order given),
+        or -1 on timeout.  Sleeps on the wake word without the GIL.
+        """
+        cdef uint32_t n = <uint32_t>slots.shape[0]
+        cdef int64_t k
+        if n == 0:
+            return -1
+        for k in range(n):
+            if slots[k] >= self.nslots:
+                raise IndexError(f"slot {slots[k]} out of range for a ring of {self.nslots} slots")
+        with nogil:
+            k = netcl_ring_wait_published(self.hdr, &slots[0], n, timeout_ms)
+        return k
+
+    def wait_slot(self, uint32_t i, int timeout_ms):
+        """:meth:`wait_published` for one slot (in-order delivery): 0, or -1 on timeout."""
+        self.slot(i)
+        cdef int64_t k
+        with nogil:
+            k = netcl_ring_wait_published(self.hdr, &i, 1, timeout_ms)
+        return k
+
+    def finish(self, uint32_t i, uint32_t new_state, uint64_t meta_off, uint64_t meta_len,
+               uint64_t used, uint64_t needed, uint64_t fetch_ns=0, uint64_t collate_ns=0,
+               uint64_t transform_ns=0, uint64_t write_ns=0, uint64_t start_ns=0):
+        """A worker's last word on slot ``i``: the result record, the stage times,
+        then publish ``new_state`` (READY, PIPED or CANCELLED), in one call."""
+        cdef netcl_slot_header_t *s = self.slot(i)
+        s.meta_off = meta_off
+        s.meta_len = meta_len
+        s.used = used
+        s.needed = needed
+        s.fetch_ns = fetch_ns
+        s.collate_ns = collate_ns
+        s.transform_ns = transform_ns
+        s.write_ns = write_ns
+        s.start_ns = start_ns
+        netcl_ring_publish(self.hdr, s, new_state)
+
+    cpdef tuple times(self, uint32_t i):
+        """(fetch_ns, collate_ns, transform_ns, write_ns, start_ns) of a published slot."""
+        cdef netcl_slot_header_t *s = self.slot(i)
+        return (s.fetch_ns, s.collate_ns, s.transform_ns, s.write_ns, s.start_ns)
 
     def set_indices(self, uint32_t i, const unsigned char[::1] data):
         """Write a task's indices (int64 bytes) into slot ``i``'s index area; False if too long."""
@@ -273,10 +324,7 @@ cdef class RingHeader:
 
     cpdef void publish(self, uint32_t i, uint32_t new_state):
         """Release-store the state of slot ``i``, then wake every waiter."""
-        netcl_store_release(&self.slot(i).state, new_state)
-        netcl_fetch_add(&self.hdr.gen, 1)
-        if netcl_load_seq(&self.hdr.waiters) != 0:
-            netcl_wake_all(&self.hdr.gen)
+        netcl_ring_publish(self.hdr, self.slot(i), new_state)
 
     def wake(self):
         """Bump the wake word and wake every waiter (used to interrupt waits)."""
@@ -293,12 +341,9 @@ cdef class RingHeader:
         its condition, then calls this with the value it read: a publish in
         between changes the word and the wait returns at once.
         """
-        cdef int rc = 0
-        netcl_fetch_add(&self.hdr.waiters, 1)
-        if netcl_load_seq(&self.hdr.gen) == seen:
-            with nogil:
-                rc = netcl_wait_u32(&self.hdr.gen, seen, timeout_ms)
-        netcl_fetch_add(&self.hdr.waiters, <uint32_t>-1)
+        cdef int rc
+        with nogil:
+            rc = netcl_ring_wait_gen(self.hdr, seen, timeout_ms)
         return rc
 
     # -- the consumer's iteration token --------------------------------

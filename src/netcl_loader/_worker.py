@@ -8,6 +8,7 @@ import select
 import signal
 import sys
 import threading
+import time
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -249,7 +250,7 @@ class BatchMaker:
 
     __slots__ = ("dataset", "collate_fn", "transforms", "batched", "batch_size", "drop_last",
                  "iterable", "seed_batches", "base_seed", "rank", "stream", "stream_token",
-                 "columns")
+                 "columns", "times")
 
     def __init__(self, dataset, collate_fn, transforms, batched, batch_size, drop_last, iterable,
                  seeding, base_seed, rank):
@@ -271,6 +272,7 @@ class BatchMaker:
         self.stream_token = None
         self.columns = (_tensor_columns(dataset)
                         if collate_fn is None and batched and not iterable else None)
+        self.times = (0, 0, 0)
 
     def seed(self, epoch, seq):
         """Seed the RNGs for batch ``seq`` of ``epoch``; returns the seed, or None when not seeding."""
@@ -281,30 +283,45 @@ class BatchMaker:
         return seed
 
     def make(self, indices, alloc):
-        """The batch of ``indices`` (map-style), or the stream's next one (raises StreamEnd)."""
+        """The batch of ``indices`` (map-style), or the stream's next one (raises StreamEnd).
+
+        Leaves the stage times in ``self.times``: (fetch, collate, transforms)
+        in nanoseconds; a batch fast path counts as fetching (collation is
+        fused into it).
+        """
+        clock = time.perf_counter_ns
+        t0 = clock()
+        collated = False
         if self.iterable:
-            batch = self._next_from_stream(alloc)
+            samples = self._next_from_stream()
         elif not self.batched:
             # No auto-batching: the sample as fetched (PyTorch's batch_size=None).
             index = indices[0]
-            batch = self.dataset[int(index) if isinstance(index, np.integer) else index]
-            if self.collate_fn is not None:
-                batch = self.collate_fn(batch)
+            samples = self.dataset[int(index) if isinstance(index, np.integer) else index]
         elif self.columns is not None and isinstance(indices, np.ndarray):
-            batch = self._gather_tensors(indices, alloc)
+            samples, collated = self._gather_tensors(indices, alloc), True
         elif (self.collate_fn is None and isinstance(indices, np.ndarray)
               and hasattr(self.dataset, "gather_batch")):
-            batch = self.dataset.gather_batch(indices, alloc)
+            samples, collated = self.dataset.gather_batch(indices, alloc), True
         else:
             idx = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
             getitems = getattr(self.dataset, "__getitems__", None)
             samples = getitems(idx) if getitems is not None else [self.dataset[i] for i in idx]
-            if self.collate_fn is not None:
-                batch = self.collate_fn(samples)
-            else:
-                batch = collate(list(samples), idx, alloc)
+        t1 = clock()
+        if collated:
+            batch = samples
+        elif self.collate_fn is not None:
+            batch = self.collate_fn(samples)
+        elif self.batched:
+            idx = None if self.iterable else (
+                indices.tolist() if isinstance(indices, np.ndarray) else list(indices))
+            batch = collate(list(samples), idx, alloc)
+        else:
+            batch = samples
+        t2 = clock()
         for t in self.transforms:
             batch = t(*batch) if isinstance(batch, tuple) else t(batch)
+        self.times = (t1 - t0, t2 - t1, clock() - t2)
         return batch
 
     def _gather_tensors(self, indices, alloc):
@@ -327,20 +344,23 @@ class BatchMaker:
     def end_stream(self):
         self.stream = None
 
-    def _next_from_stream(self, alloc):
+    def _next_from_stream(self):
+        """The stream's next sample (no batching) or list of samples (raises StreamEnd).
+
+        An exception in the stream ends it for this epoch (SPEC section 11).
+        """
         it = self.stream
         if it is None:
             raise StreamEnd()
         if not self.batched:
             try:
-                sample = next(it)
+                return next(it)
             except StopIteration:
                 self.stream = None
                 raise StreamEnd() from None
             except BaseException:
-                self.stream = None  # an error ends this worker's stream (SPEC section 11)
+                self.stream = None
                 raise
-            return self.collate_fn(sample) if self.collate_fn is not None else sample
         samples = []
         try:
             for _ in range(self.batch_size):
@@ -353,9 +373,7 @@ class BatchMaker:
         if not samples or (self.drop_last and len(samples) < self.batch_size):
             self.stream = None
             raise StreamEnd()
-        if self.collate_fn is not None:
-            return self.collate_fn(samples)
-        return collate(samples, None, alloc)
+        return samples
 
 
 def build_batch(dataset, indices, collate_fn, transforms, alloc):
@@ -471,6 +489,8 @@ def worker_loop(config, conn, ring, lifeline):
             header.publish(slot, CANCELLED)  # the main process moved on
             continue
         needed = 0
+        start = time.perf_counter_ns()
+        maker.times = (0, 0, 0)
         try:
             if init_error is not None:
                 raise_record, init_error = init_error, None
@@ -486,10 +506,13 @@ def worker_loop(config, conn, ring, lifeline):
             writer = SlotWriter(ring.segment(slot), ring.capacity(slot)) if use_shared_mem else None
             batch = maker.make(indices, writer.alloc if writer is not None else np.empty)
             if writer is not None:
+                t_write = time.perf_counter_ns()
                 done = writer.finish(batch)
                 if done is not None:
-                    header.set_result(slot, done[0], done[1], done[2], writer.needed)
-                    header.publish(slot, READY)
+                    fetch, coll, trans = maker.times
+                    # One call: the result record, the stage times, READY.
+                    header.finish(slot, READY, done[0], done[1], done[2], writer.needed,
+                                  fetch, coll, trans, time.perf_counter_ns() - t_write, start)
                     continue
                 needed = writer.needed
             payload = Result(BATCH, token, seq, batch)
@@ -499,8 +522,8 @@ def worker_loop(config, conn, ring, lifeline):
             payload = Result(ERROR, token, seq, error_record(exc, indices, worker_id))
         # Publish first, then send: a large payload blocks in send until the
         # main process, woken by the publish, reads it.
-        header.set_result(slot, 0, 0, 0, needed)
-        header.publish(slot, PIPED)
+        fetch, coll, trans = maker.times
+        header.finish(slot, PIPED, 0, 0, 0, needed, fetch, coll, trans, 0, start)
         try:
             conn.send(payload)
         except (EOFError, OSError):

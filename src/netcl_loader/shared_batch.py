@@ -5,7 +5,9 @@ data region per slot.  A batch (any nesting of tuples, lists and dicts whose
 array leaves have any dtype and shape) is written into a slot as its arrays,
 placed at 64-byte-aligned offsets, followed by a small layout record that
 says where each array lies; the reader rebuilds the batch from the record,
-either as copies or as read-only views into the slot.
+either as copies or as read-only views into the slot.  CPU torch tensors are
+placed the same way and come back as tensors on that memory; arrays that
+hold object references travel inside the record, by value.
 
 Ownership: the process that creates the ring owns every region (it holds the
 handles and closes them when the ring is closed or collected).  Other
@@ -16,6 +18,7 @@ leaks nothing.
 """
 from __future__ import annotations
 
+import copy
 import os
 import pickle
 import sys
@@ -620,10 +623,16 @@ def _convert(x, output):
     if isinstance(x, list):
         return [_convert(b, output) for b in x]
     if isinstance(x, dict):
+        items = {k: _convert(v, output) for k, v in x.items()}
         try:
-            return t({k: _convert(v, output) for k, v in x.items()})
-        except TypeError:  # a mapping type that cannot be built from a dict
-            return {k: _convert(v, output) for k, v in x.items()}
+            return t(items)
+        except TypeError:  # defaultdict and others that need more than the items
+            try:
+                same = copy.copy(x)
+                same.update(items)
+                return same
+            except Exception:
+                return items
     return _convert_leaf(x, output)
 
 

@@ -1,0 +1,1026 @@
+"""The PyTorch face and tensor batches (SPEC §4, §10, §11), with torch.utils.data as the oracle.
+
+Most tests run the same dataset through ``netcl_loader.torch.DataLoader`` and
+PyTorch's own ``torch.utils.data.DataLoader`` and compare the batches
+recursively: the same container types and keys, tensors of the same dtype,
+shape and values, equal strings and numbers.  The others check the tensor
+paths of the engine (``netcl_loader.DataLoader``): tensors made on ring slot
+memory without a copy, ``output=``, PyTorch's keywords and iterable-style
+datasets.
+"""
+import collections
+import importlib
+import inspect
+import json
+import os
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the PyTorch face and tensor batches need torch "
+                                            "(pip install torch; the 'bench' extra has it)")
+from torch.utils import data as tud  # noqa: E402
+
+import netcl_loader  # noqa: E402
+from netcl_loader import DataLoader as NetclLoader  # noqa: E402
+from netcl_loader.torch import DataLoader as TorchLoader  # noqa: E402
+
+# PyTorch warns when a loader asks for more workers than this machine has cores.
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+
+#: Seconds one batch may take before a test fails instead of hanging.
+BATCH_TIMEOUT_SECONDS = 60
+#: Samples of the map-style datasets: not a multiple of BATCH, so drop_last matters.
+N = 23
+BATCH = 4
+WORKERS = [0, 1, 2, 3]
+
+
+# -- comparing batches ----------------------------------------------------------
+
+def assert_same(got, want, path="batch"):
+    """``got`` equals ``want`` recursively: container types, keys, tensor dtypes, shapes, values."""
+    assert type(got) is type(want), (f"{path}: {type(got).__name__} instead of "
+                                     f"{type(want).__name__} ({got!r} vs {want!r})")
+    if isinstance(want, torch.Tensor):
+        assert got.dtype == want.dtype, f"{path}: dtype {got.dtype} instead of {want.dtype}"
+        assert got.shape == want.shape, f"{path}: shape {tuple(got.shape)} instead of {tuple(want.shape)}"
+        assert torch.equal(got, want), f"{path}: values differ:\n{got}\n{want}"
+    elif isinstance(want, np.ndarray):
+        assert got.dtype == want.dtype, f"{path}: dtype {got.dtype} instead of {want.dtype}"
+        np.testing.assert_array_equal(got, want, err_msg=path)
+    elif isinstance(want, dict):
+        assert list(got) == list(want), f"{path}: keys {list(got)} instead of {list(want)}"
+        for k in want:
+            assert_same(got[k], want[k], f"{path}[{k!r}]")
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want), f"{path}: {len(got)} items instead of {len(want)}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_same(g, w, f"{path}[{i}]")
+    else:
+        assert got == want, f"{path}: {got!r} instead of {want!r}"
+
+
+def assert_same_batches(got, want):
+    assert len(got) == len(want), f"{len(got)} batches instead of {len(want)}"
+    for k, (g, w) in enumerate(zip(got, want)):
+        assert_same(g, w, f"batch {k}")
+
+
+def pytorch_batches(dataset, **kw):
+    return list(tud.DataLoader(dataset, **kw))
+
+
+def face_batches(dataset, **kw):
+    kw.setdefault("timeout", BATCH_TIMEOUT_SECONDS)
+    with TorchLoader(dataset, **kw) as loader:
+        return list(loader)
+
+
+def lists(batch):
+    """``batch`` with plain tuples as lists (the engine keeps tuples; default_collate makes lists)."""
+    if type(batch) in (tuple, list):
+        return [lists(b) for b in batch]
+    if type(batch) is dict:
+        return {k: lists(v) for k, v in batch.items()}
+    return batch
+
+
+# -- datasets (module level: picklable) ------------------------------------------
+
+def _generator(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def tensor_dataset(n=N):
+    """A TensorDataset of float32, int64, int16, bool and bfloat16 tensors."""
+    g = _generator()
+    return tud.TensorDataset(torch.randn(n, 3, generator=g), torch.arange(n) * 7,
+                             torch.arange(n, dtype=torch.int16) - 5, torch.arange(n) % 3 == 0,
+                             torch.randn(n, 2, generator=g).to(torch.bfloat16))
+
+
+class DictSamples(tud.Dataset):
+    """Dict samples: a string, an int16 tensor, a Python float, int and bool."""
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        return {"name": f"sample-{i}", "pixels": torch.arange(4, dtype=torch.int16).reshape(2, 2) * i,
+                "score": i / 4, "label": i, "flag": i % 2 == 0}
+
+
+class NumpySamples(tud.Dataset):
+    """Tuple samples of NumPy arrays, a Python float and an int."""
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        return np.full((2, 3), i, np.float32), np.arange(3, dtype=np.int16) + i, i * 0.5, i
+
+
+Pair = collections.namedtuple("Pair", "image label weight")
+
+
+class NamedSamples(tud.Dataset):
+    """namedtuple samples: a tensor, an int and a float."""
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        return Pair(torch.full((3,), float(i)), i, i / 3)
+
+
+class ScalarSamples(tud.Dataset):
+    """Tuple samples of NumPy scalars: float64, int8, bool, float32."""
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        return np.float64(i) / 3, np.int8(i - 10), np.bool_(i % 2), np.float32(i) * 2
+
+
+def concat_dataset():
+    return tud.ConcatDataset([tud.TensorDataset(torch.arange(10.0), torch.arange(10)),
+                              tud.TensorDataset(torch.arange(10.0, N), torch.arange(10, N))])
+
+
+def stack_dataset():
+    return tud.StackDataset(tensor_dataset(), NumpySamples())
+
+
+def named_stack_dataset():
+    return tud.StackDataset(image=tensor_dataset(), meta=DictSamples())
+
+
+def subset_dataset():
+    return tud.Subset(DictSamples(), [22, 0, 5, 5, 17, 3, 9, 1, 12, 20, 8, 2, 14])
+
+
+MAP_DATASETS = {
+    "tensors": tensor_dataset, "dicts": DictSamples, "numpy": NumpySamples,
+    "namedtuples": NamedSamples, "concat": concat_dataset, "stack": stack_dataset,
+    "stack_named": named_stack_dataset, "subset": subset_dataset,
+}
+#: Batched only: without batching they are test_without_batching_numpy_scalars_are_tensors's.
+BATCHED_ONLY = {"npscalars": ScalarSamples}
+
+
+def _worker():
+    """(id, num_workers) from whichever loader runs this: netcl_loader's or PyTorch's."""
+    info = netcl_loader.get_worker_info() or tud.get_worker_info()
+    return (0, 1) if info is None else (info.id, info.num_workers)
+
+
+class ShardedStream(tud.IterableDataset):
+    """0..n-1 sharded over the workers by id; dict samples of a tensor, an int and an array."""
+
+    def __init__(self, n=N):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        wid, nw = _worker()
+        for i in range(wid, self.n, nw):
+            yield {"x": torch.full((2,), float(i)), "i": i, "a": np.arange(2, dtype=np.int16) + i}
+
+
+class UnshardedStream(tud.IterableDataset):
+    """Every worker yields the same 7 samples: duplicates, as in PyTorch."""
+
+    def __iter__(self):
+        for i in range(7):
+            yield torch.tensor([i, -i]), i
+
+
+class UnequalStreams(tud.IterableDataset):
+    """Worker w yields 3 * w + 2 samples tagged with w: streams of unequal length."""
+
+    def __iter__(self):
+        wid, _ = _worker()
+        for k in range(3 * wid + 2):
+            yield torch.tensor(wid), k
+
+
+STREAMS = {"sharded": ShardedStream, "unsharded": UnshardedStream, "unequal": UnequalStreams}
+
+
+# -- the same batches as PyTorch -------------------------------------------------------
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("num_workers", WORKERS)
+@pytest.mark.parametrize("name", list(MAP_DATASETS) + list(BATCHED_ONLY))
+def test_map_style_batches_equal_pytorchs(name, num_workers, drop_last):
+    make = {**MAP_DATASETS, **BATCHED_ONLY}[name]
+    want = pytorch_batches(make(), batch_size=BATCH, num_workers=num_workers, drop_last=drop_last)
+    got = face_batches(make(), batch_size=BATCH, num_workers=num_workers, drop_last=drop_last)
+    assert_same_batches(got, want)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("name", list(MAP_DATASETS))
+def test_map_style_without_batching_equals_pytorchs(name, num_workers):
+    make = MAP_DATASETS[name]
+    want = pytorch_batches(make(), batch_size=None, num_workers=num_workers)
+    got = face_batches(make(), batch_size=None, num_workers=num_workers)
+    assert_same_batches(got, want)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_without_batching_numpy_scalars_are_tensors(num_workers):
+    # default_convert makes a NumPy scalar a 0-d tensor (and leaves Python numbers alone).
+    want = pytorch_batches(ScalarSamples(), batch_size=None, num_workers=num_workers)
+    got = face_batches(ScalarSamples(), batch_size=None, num_workers=num_workers)
+    assert_same_batches(got, want)
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("num_workers", WORKERS)
+@pytest.mark.parametrize("name", list(STREAMS))
+def test_iterable_batches_equal_pytorchs(name, num_workers, drop_last):
+    make = STREAMS[name]
+    want = pytorch_batches(make(), batch_size=BATCH, num_workers=num_workers, drop_last=drop_last)
+    got = face_batches(make(), batch_size=BATCH, num_workers=num_workers, drop_last=drop_last)
+    assert_same_batches(got, want)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2, 3])
+@pytest.mark.parametrize("name", list(STREAMS))
+def test_iterable_without_batching_equals_pytorchs(name, num_workers):
+    make = STREAMS[name]
+    want = pytorch_batches(make(), batch_size=None, num_workers=num_workers)
+    got = face_batches(make(), batch_size=None, num_workers=num_workers)
+    assert_same_batches(got, want)
+
+
+def test_batch_size_none_with_drop_last_is_refused_as_by_pytorch():
+    with pytest.raises(ValueError):
+        tud.DataLoader(NumpySamples(), batch_size=None, drop_last=True)
+    with pytest.raises(ValueError, match="drop_last"):
+        TorchLoader(NumpySamples(), batch_size=None, drop_last=True)
+
+
+class TorchShardedStream(tud.IterableDataset):
+    """Sharded as PyTorch code shards: by torch.utils.data.get_worker_info() alone."""
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        wid, nw = (0, 1) if info is None else (info.id, info.num_workers)
+        yield from range(wid, N, nw)
+
+
+def test_dataset_sharded_by_torchs_get_worker_info_is_sharded():
+    """One changed import must be enough: PyTorch datasets ask torch's get_worker_info()."""
+    want = pytorch_batches(TorchShardedStream(), batch_size=BATCH, num_workers=2)
+    got = face_batches(TorchShardedStream(), batch_size=BATCH, num_workers=2)
+    assert_same_batches(got, want)
+
+
+def test_strings_in_a_tuple_sample_are_a_tuple_as_default_collate_makes_them():
+    # default_collate returns a string field as the tuple zip() made of it when
+    # the sample is a sequence (in a dict it is a list).
+    ds = [(i, f"s{i}") for i in range(6)]
+    want = pytorch_batches(ds, batch_size=BATCH)
+    got = face_batches(ds, batch_size=BATCH)
+    assert_same_batches(got, want)
+
+
+def test_mapping_samples_keep_their_type():
+    """SPEC §10: dicts keep their type (default_collate rebuilds the Mapping's own type)."""
+    ds = [collections.OrderedDict(b=i, a=float(i)) for i in range(6)]
+    want = pytorch_batches(ds, batch_size=BATCH)
+    got = face_batches(ds, batch_size=BATCH, num_workers=2)
+    assert_same_batches(got, want)
+
+
+class ListSampler:
+    """A custom sampler: any iterable of indices with a length."""
+
+    def __init__(self, indices):
+        self.indices = list(indices)
+
+    def __iter__(self):
+        return iter(self.indices)
+
+    def __len__(self):
+        return len(self.indices)
+
+
+SAMPLERS = {
+    "sequential": lambda ds: {"sampler": tud.SequentialSampler(ds), "batch_size": BATCH},
+    "list": lambda ds: {"sampler": ListSampler([5, 3, 3, 22, 0, 9, 1, 14, 7]), "batch_size": 2},
+    "random_seeded": lambda ds: {"sampler": tud.RandomSampler(ds, generator=_generator(3)),
+                                 "batch_size": BATCH},
+    "batch_sampler": lambda ds: {"batch_sampler": tud.BatchSampler(tud.SequentialSampler(ds), 5,
+                                                                   drop_last=False)},
+    "batch_sampler_drop": lambda ds: {"batch_sampler": tud.BatchSampler(
+        ListSampler(range(N - 1, -1, -1)), 5, drop_last=True)},
+}
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("name", list(SAMPLERS))
+def test_samplers_give_pytorchs_batches(name, num_workers):
+    ds = DictSamples()
+    want = pytorch_batches(ds, num_workers=num_workers, **SAMPLERS[name](ds))
+    got = face_batches(ds, num_workers=num_workers, **SAMPLERS[name](ds))
+    assert_same_batches(got, want)
+
+
+def test_batch_sampler_with_pytorchs_explicit_neutral_values_positionally():
+    # PyTorch code passes batch_size=1, shuffle=False, sampler=None next to a batch sampler.
+    ds = tensor_dataset()
+    bs = tud.BatchSampler(tud.SequentialSampler(ds), 3, drop_last=False)
+    want = list(tud.DataLoader(ds, 1, False, None, bs, 0, None, False, False))
+    with TorchLoader(ds, 1, False, None, bs, 0, None, False, False) as loader:
+        assert len(loader) == len(want)
+        assert_same_batches(list(loader), want)
+
+
+# -- signature and defaults ---------------------------------------------------------
+
+def test_signature_is_pytorchs_then_keyword_only_extras():
+    want = list(inspect.signature(tud.DataLoader).parameters.values())
+    got = list(inspect.signature(TorchLoader).parameters.values())
+    assert [p.name for p in got[:len(want)]] == [p.name for p in want]
+    for g, w in zip(got, want):
+        assert g.kind == w.kind, f"{g.name}: {g.kind} instead of {w.kind}"
+        assert type(g.default) is type(w.default) and g.default == w.default, (
+            f"{g.name}: default {g.default!r} instead of {w.default!r}")
+    extras = got[len(want):]
+    assert extras, "the package's own keywords (seed, output, ...) are missing"
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in extras), [
+        (p.name, p.kind) for p in extras if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+    params = dict(inspect.signature(TorchLoader).parameters)
+    assert params["output"].default == "torch"
+    assert params["worker_seeding"].default == "worker"
+
+
+def test_positional_arguments_mean_what_they_mean_in_pytorch():
+    ds = tensor_dataset()
+    # dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
+    # pin_memory, drop_last
+    want = list(tud.DataLoader(ds, 5, False, None, None, 2, None, False, True))
+    with TorchLoader(ds, 5, False, None, None, 2, None, False, True) as loader:
+        assert (loader.batch_size, loader.num_workers, loader.drop_last) == (5, 2, True)
+        assert_same_batches(list(loader), want)
+
+
+def test_defaults_batch_size_one_in_order_no_workers():
+    ds = tud.TensorDataset(torch.arange(5) * 3, torch.arange(5.0))
+    loader = TorchLoader(ds)
+    got = list(loader)
+    assert len(loader) == 5
+    assert_same_batches(got, pytorch_batches(ds))
+    assert [b[0].tolist() for b in got] == [[0], [3], [6], [9], [12]]
+    assert loader.worker_pids == []
+    loader.close()
+
+
+# -- tensors on ring memory (the engine's face) -------------------------------------------
+
+def _max_lent_slots():
+    for name in ("netcl_loader._epoch", "netcl_loader.dataloader"):
+        value = getattr(importlib.import_module(name), "MAX_LENT_SLOTS", None)
+        if value is not None:
+            return value
+    raise AssertionError("MAX_LENT_SLOTS is gone: update this test")
+
+
+def _address(x):
+    return x.untyped_storage().data_ptr() if isinstance(x, torch.Tensor) else x.ctypes.data
+
+
+def ring_slot(loader, x):
+    """The ring slot whose mapping holds the memory of tensor (or array) ``x``, or None."""
+    pool = loader._pool
+    assert pool is not None, "the loader has no worker pool (not iterating, or it ended)"
+    ring = pool.ring
+    p = _address(x)
+    for slot in range(ring.num_slots):
+        seg = ring.segment(slot)
+        if seg is not None and seg.address <= p < seg.address + seg.nbytes:
+            return slot
+    return None
+
+
+def rows(n=48):
+    """Sample i: (float32 tensor of four i's, int64 tensor i): each batch says what it holds."""
+    return tud.TensorDataset(torch.arange(n, dtype=torch.float32).repeat_interleave(4).reshape(n, 4),
+                             torch.arange(n))
+
+
+def expected_rows(k, batch_size=BATCH):
+    idx = torch.arange(k * batch_size, (k + 1) * batch_size)
+    return idx.to(torch.float32).repeat_interleave(4).reshape(-1, 4), idx
+
+
+def check_rows(batch, k):
+    x, y = batch
+    want_x, want_y = expected_rows(k)
+    assert_same(x, want_x, f"batch {k}[0]")
+    assert_same(y, want_y, f"batch {k}[1]")
+
+
+@pytest.mark.parametrize("zero_copy", [False, True])
+def test_tensor_batches_are_made_on_ring_slot_memory(zero_copy):
+    n_batches = 12
+    with NetclLoader(rows(n_batches * BATCH), batch_size=BATCH, shuffle=False, num_workers=2,
+                     zero_copy=zero_copy, timeout=BATCH_TIMEOUT_SECONDS) as loader:
+        in_ring = []
+        it = iter(loader)
+        for k in range(n_batches):
+            batch = next(it)
+            assert all(isinstance(t, torch.Tensor) for t in batch)
+            check_rows(batch, k)  # valid at least until the next batch is asked for
+            in_ring.append(ring_slot(loader, batch[0]) is not None
+                           and ring_slot(loader, batch[1]) is not None)
+            del batch
+        with pytest.raises(StopIteration):
+            next(it)
+        piped = loader.stats.piped_batches
+    # The first batches go by pipe while the slots learn their size; every
+    # batch after them is a tensor on its slot's memory.
+    assert piped < n_batches
+    assert sum(in_ring) == n_batches - piped, in_ring
+
+
+def test_tensors_kept_past_later_batches_keep_their_values():
+    n_batches, keep = 20, 5
+    with NetclLoader(rows(n_batches * BATCH), batch_size=BATCH, shuffle=False, num_workers=2,
+                     timeout=BATCH_TIMEOUT_SECONDS) as loader:
+        kept = collections.deque(maxlen=keep)
+        lent_seen = 0
+        for k, batch in zip(range(n_batches), loader):
+            kept.append((k, batch))
+            # Live batches that lie in the ring lie in distinct slots: no slot
+            # is reused under a batch the caller still holds.
+            slots = [ring_slot(loader, b[0]) for _, b in kept]
+            lent = [s for s in slots if s is not None]
+            assert len(lent) == len(set(lent)), slots
+            assert len(lent) <= _max_lent_slots(), slots
+            lent_seen += slots[-1] is not None
+            for j, b in kept:
+                check_rows(b, j)
+        assert k == n_batches - 1
+    assert lent_seen > 0, "no batch was lent: the test checked copies only"
+    for j, b in kept:  # after the loader is closed too
+        check_rows(b, j)
+
+
+def test_batches_kept_beyond_the_lent_slots_are_copies_the_caller_owns():
+    n_batches = 14
+    with NetclLoader(rows(n_batches * BATCH), batch_size=BATCH, shuffle=False, num_workers=2,
+                     timeout=BATCH_TIMEOUT_SECONDS) as loader:
+        kept, where = [], []
+        for batch in loader:
+            kept.append(batch)
+            where.append(ring_slot(loader, batch[0]))
+        piped = loader.stats.piped_batches
+        lent = [s for s in where if s is not None]
+        assert 0 < len(lent) <= _max_lent_slots(), where
+        copies = len(where) - len(lent) - piped
+        assert copies > 0, f"no batch was copied out of its slot: {where}, {piped} piped"
+        for k, b in enumerate(kept):  # after every later batch
+            check_rows(b, k)
+    for k, b in enumerate(kept):      # and after close()
+        check_rows(b, k)
+
+
+@pytest.mark.parametrize("how", ["piped", "in_process"])
+def test_piped_and_in_process_batches_are_tensors_too(how):
+    kw = {"num_workers": 2, "use_shared_mem": False} if how == "piped" else {"num_workers": 0}
+    with NetclLoader(rows(10 * BATCH), batch_size=BATCH, shuffle=False,
+                     timeout=BATCH_TIMEOUT_SECONDS, **kw) as loader:
+        kept = list(loader)
+        if how == "piped":
+            assert loader.stats.piped_batches == 10
+    assert len(kept) == 10
+    for k, b in enumerate(kept):
+        check_rows(b, k)
+
+
+def test_torch_face_tensors_lie_in_the_ring_and_keep_their_values():
+    n_batches = 16
+    with TorchLoader(NumpySamples(), batch_size=2, num_workers=2,
+                     timeout=BATCH_TIMEOUT_SECONDS) as loader:
+        want = pytorch_batches(NumpySamples(), batch_size=2)
+        kept = collections.deque(maxlen=5)
+        in_ring = 0
+        for k, batch in zip(range(n_batches), loader):
+            kept.append((k, batch))
+            in_ring += ring_slot(loader, batch[0]) is not None
+            for j, b in kept:
+                assert_same(b, want[j], f"batch {j}")
+    assert in_ring > 0
+
+
+# -- output= -------------------------------------------------------------------------
+
+def _leaves(batch):
+    if isinstance(batch, dict):
+        return [x for v in batch.values() for x in _leaves(v)]
+    if isinstance(batch, (list, tuple)) and not (batch and isinstance(batch[0], str)):
+        return [x for v in batch for x in _leaves(v)]
+    return [batch]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_output_none_keeps_tensors_tensors_and_arrays_arrays(num_workers):
+    with NetclLoader(tensor_dataset(), batch_size=BATCH, shuffle=False, num_workers=num_workers,
+                     timeout=BATCH_TIMEOUT_SECONDS) as loader:
+        got = list(loader)
+    want = pytorch_batches(tensor_dataset(), batch_size=BATCH)
+    assert_same_batches([lists(b) for b in got], want)
+    with NetclLoader(NumpySamples(), batch_size=BATCH, shuffle=False, num_workers=num_workers,
+                     timeout=BATCH_TIMEOUT_SECONDS) as loader:
+        got = list(loader)
+    for k, b in enumerate(got):
+        assert type(b) is tuple
+        assert [(type(x), x.dtype) for x in b] == [
+            (np.ndarray, np.float32), (np.ndarray, np.int16), (np.ndarray, np.float64),
+            (np.ndarray, np.int64)]
+        assert b[3].tolist() == list(range(k * BATCH, min(N, (k + 1) * BATCH)))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_output_numpy_makes_tensors_arrays(num_workers):
+    # NumPy has no bfloat16: those tensors come out as float32 arrays of the same values.
+    ds = tensor_dataset()
+    with NetclLoader(ds, batch_size=BATCH, shuffle=False, num_workers=num_workers,
+                     output="numpy", timeout=BATCH_TIMEOUT_SECONDS) as loader:
+        got = list(loader)
+    want = pytorch_batches(ds, batch_size=BATCH)
+    assert len(got) == len(want)
+    for b, w in zip(got, want):
+        assert type(b) is tuple and all(type(x) is np.ndarray for x in b), [type(x) for x in b]
+        assert [x.dtype for x in b] == [np.float32, np.int64, np.int16, np.bool_, np.float32]
+        for x, t in zip(b, w):
+            np.testing.assert_array_equal(x, t.float().numpy() if t.dtype == torch.bfloat16
+                                          else t.numpy())
+
+
+def test_output_numpy_arrays_of_tensors_lie_in_the_ring():
+    with NetclLoader(rows(12 * BATCH), batch_size=BATCH, shuffle=False, num_workers=2,
+                     output="numpy", timeout=BATCH_TIMEOUT_SECONDS) as loader:
+        in_ring = 0
+        for k, batch in enumerate(loader):
+            assert all(type(x) is np.ndarray for x in batch)
+            check_rows(tuple(torch.from_numpy(x) for x in batch), k)
+            in_ring += ring_slot(loader, batch[0]) is not None
+            del batch
+        assert in_ring == 12 - loader.stats.piped_batches > 0
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("make", [NumpySamples, DictSamples], ids=["numpy", "dicts"])
+def test_output_torch_gives_default_collates_dtypes(make, num_workers):
+    with NetclLoader(make(), batch_size=BATCH, shuffle=False, num_workers=num_workers,
+                     output="torch", timeout=BATCH_TIMEOUT_SECONDS) as loader:
+        got = list(loader)
+    # The engine keeps tuples tuples; default_collate makes them lists.
+    assert_same_batches([lists(b) for b in got], pytorch_batches(make(), batch_size=BATCH))
+
+
+def test_output_torch_tensors_lie_in_the_ring():
+    with NetclLoader(NumpySamples(), batch_size=2, shuffle=False, num_workers=2, output="torch",
+                     timeout=BATCH_TIMEOUT_SECONDS) as loader:
+        in_ring = 0
+        for batch in loader:
+            assert all(isinstance(x, torch.Tensor) for x in batch)
+            in_ring += all(ring_slot(loader, x) is not None for x in batch)
+            del batch
+        assert in_ring == len(loader) - loader.stats.piped_batches > 0
+
+
+@pytest.mark.parametrize("face", [NetclLoader, TorchLoader], ids=["netcl", "torch"])
+@pytest.mark.parametrize("bad", ["Torch", "tensor", 0])
+def test_invalid_output_is_a_value_error_naming_output(face, bad):
+    with pytest.raises(ValueError, match="output") as exc:
+        face(tensor_dataset(), output=bad)
+    assert repr(bad) in str(exc.value)
+
+
+# -- PyTorch's keywords on the engine ---------------------------------------------------
+
+def test_prefetch_factor_sets_batches_in_flight_per_worker():
+    with NetclLoader(tensor_dataset(), batch_size=BATCH, num_workers=3, prefetch_factor=3,
+                     timeout=BATCH_TIMEOUT_SECONDS) as loader:
+        assert loader.prefetch == 9
+        assert len(list(loader)) == len(loader)
+        assert loader.stats.ring_slots == 9 + 2
+
+
+def test_prefetch_factor_with_prefetch_names_both():
+    with pytest.raises(ValueError) as exc:
+        NetclLoader(tensor_dataset(), num_workers=2, prefetch=4, prefetch_factor=2)
+    assert "prefetch=4" in str(exc.value) and "prefetch_factor=2" in str(exc.value)
+
+
+@pytest.mark.parametrize("face", [NetclLoader, TorchLoader], ids=["netcl", "torch"])
+def test_prefetch_factor_without_workers_is_a_value_error(face):
+    with pytest.raises(ValueError):  # PyTorch refuses it too
+        tud.DataLoader(tensor_dataset(), num_workers=0, prefetch_factor=2)
+    with pytest.raises(ValueError, match="prefetch_factor"):
+        face(tensor_dataset(), num_workers=0, prefetch_factor=2)
+
+
+class PidProbe:
+    """Sample i: (the pid that made it, the dataset's version)."""
+
+    def __init__(self):
+        self.version = 0
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return os.getpid(), self.version
+
+
+def _epoch(loader):
+    batches = list(loader)
+    return (set(int(p) for b in batches for p in b[0]),
+            sorted(set(int(v) for b in batches for v in b[1])))
+
+
+def test_persistent_workers_false_ends_the_pool_after_every_epoch():
+    ds = PidProbe()
+    with NetclLoader(ds, batch_size=2, shuffle=False, num_workers=2, persistent_workers=False,
+                     timeout=BATCH_TIMEOUT_SECONDS) as loader:
+        pids0, versions0 = _epoch(loader)
+        ds.version = 1
+        pids1, versions1 = _epoch(loader)
+    assert len(pids0) == len(pids1) == 2 and os.getpid() not in pids0
+    assert not pids0 & pids1, (pids0, pids1)
+    assert (versions0, versions1) == ([0], [1])  # the next epoch's workers see the change
+
+
+def test_persistent_workers_true_keeps_the_pool():
+    ds = PidProbe()
+    with NetclLoader(ds, batch_size=2, shuffle=False, num_workers=2, persistent_workers=True,
+                     timeout=BATCH_TIMEOUT_SECONDS) as loader:
+        pids0, _ = _epoch(loader)
+        workers = loader.worker_pids
+        pids1, _ = _epoch(loader)
+        assert loader.worker_pids == workers
+    assert pids0 == pids1 == set(workers)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="an accelerator is present: pinning works")
+@pytest.mark.parametrize("face", [NetclLoader, TorchLoader], ids=["netcl", "torch"])
+def test_pin_memory_without_accelerator_warns_once_and_changes_nothing(face):
+    kw = {"batch_size": BATCH, "shuffle": False, "num_workers": 2,
+          "timeout": BATCH_TIMEOUT_SECONDS}
+    with face(tensor_dataset(), **kw) as loader:
+        want = list(loader)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with face(tensor_dataset(), pin_memory=True, **kw) as loader:
+            got = list(loader) + list(loader)
+    assert len(caught) == 1, [str(w.message) for w in caught]
+    assert caught[0].category is UserWarning and "pin_memory" in str(caught[0].message)
+    assert_same_batches(got, want + want)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA to page-lock memory")
+def test_pin_memory_with_cuda_gives_page_locked_tensors():
+    with NetclLoader(tensor_dataset(), batch_size=BATCH, shuffle=False, num_workers=2,
+                     pin_memory=True, timeout=BATCH_TIMEOUT_SECONDS) as loader:
+        got = list(loader)
+    assert all(t.is_pinned() for b in got for t in b)
+    assert_same_batches([lists(b) for b in got], pytorch_batches(tensor_dataset(), batch_size=BATCH))
+
+
+def _orders(loader, epochs=2):
+    return [[int(i) for b in loader for i in b[1]] for _ in range(epochs)]
+
+
+def test_seeded_generator_gives_a_reproducible_shuffled_order():
+    ds = tensor_dataset()
+    kw = {"batch_size": BATCH, "shuffle": True, "num_workers": 0}
+    a = _orders(NetclLoader(ds, generator=_generator(7), **kw))
+    b = _orders(NetclLoader(ds, generator=_generator(7), **kw))
+    c = _orders(NetclLoader(ds, generator=_generator(8), **kw))
+    assert a == b
+    assert a != c
+    want = sorted(int(i) for i in ds.tensors[1])
+    assert all(sorted(o) == want for o in a + c)
+    assert a[0] != a[1] and a[0] != want  # shuffled, anew each epoch
+
+
+def test_torch_face_shuffle_is_reproducible_from_torch_manual_seed():
+    ds = tensor_dataset()
+    torch.manual_seed(11)
+    a = _orders(TorchLoader(ds, batch_size=BATCH, shuffle=True))
+    torch.manual_seed(11)
+    b = _orders(TorchLoader(ds, batch_size=BATCH, shuffle=True))
+    assert a == b and a[0] != a[1]
+
+
+@pytest.mark.parametrize("face", [NetclLoader, TorchLoader], ids=["netcl", "torch"])
+def test_seed_and_generator_together_name_both(face):
+    with pytest.raises(ValueError) as exc:
+        face(tensor_dataset(), seed=1, generator=_generator())
+    assert "seed" in str(exc.value) and "generator" in str(exc.value)
+
+
+class Slow:
+    """Samples that take ``seconds`` each."""
+
+    def __init__(self, seconds, n=4):
+        self.seconds = seconds
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.seconds)
+        return i
+
+
+def test_timeout_zero_means_no_timeout():
+    with NetclLoader(Slow(0.15), batch_size=2, shuffle=False, num_workers=1,
+                     timeout=0) as loader:
+        assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+    with TorchLoader(Slow(0.15), batch_size=2, num_workers=1) as loader:  # timeout=0 default
+        assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+
+
+def test_timeout_expires_with_a_timeout_error_naming_the_value():
+    with NetclLoader(Slow(2.0, n=2), batch_size=2, shuffle=False, num_workers=1,
+                     timeout=0.3) as loader:
+        with pytest.raises(TimeoutError, match="0.3"):
+            next(iter(loader))
+
+
+@pytest.mark.parametrize("face", [NetclLoader, TorchLoader], ids=["netcl", "torch"])
+def test_negative_timeout_is_a_value_error(face):
+    with pytest.raises(ValueError):
+        tud.DataLoader(tensor_dataset(), timeout=-1)
+    with pytest.raises(ValueError, match="timeout"):
+        face(tensor_dataset(), timeout=-1)
+
+
+def _split_indices(parts):
+    return [[int(i) for i in p.indices] for p in parts]
+
+
+def test_random_split_with_a_generator_is_reproducible_and_pytorchs():
+    ds = tensor_dataset()
+    a = netcl_loader.random_split(ds, [10, 8, 5], generator=torch.Generator().manual_seed(42))
+    b = netcl_loader.random_split(ds, [10, 8, 5], generator=torch.Generator().manual_seed(42))
+    want = tud.random_split(ds, [10, 8, 5], generator=torch.Generator().manual_seed(42))
+    assert _split_indices(a) == _split_indices(b) == _split_indices(want)
+    assert [len(p) for p in a] == [10, 8, 5]
+    for p in a:
+        assert_same_batches(face_batches(p, batch_size=BATCH), pytorch_batches(p, batch_size=BATCH))
+    fractions = netcl_loader.random_split(ds, [0.5, 0.5], generator=_generator(1))
+    assert _split_indices(fractions) == _split_indices(
+        tud.random_split(ds, [0.5, 0.5], generator=_generator(1)))
+
+
+def test_random_split_signature_is_the_specs():
+    params = list(inspect.signature(netcl_loader.random_split).parameters.values())
+    assert [(p.name, p.default) for p in params] == [
+        ("dataset", inspect.Parameter.empty), ("lengths", inspect.Parameter.empty),
+        ("seed", None), ("generator", None)]
+    with pytest.raises(ValueError, match="seed.*generator|generator.*seed"):
+        netcl_loader.random_split(tensor_dataset(), [10, 13], seed=1, generator=_generator())
+
+
+def test_torch_faces_random_split_takes_pytorchs_positional_generator():
+    """netcl_loader.torch.random_split is what `from torch.utils.data import random_split` gives."""
+    import netcl_loader.torch as face
+    ds = tensor_dataset()
+    got = face.random_split(ds, [10, 13], torch.Generator().manual_seed(5))
+    want = tud.random_split(ds, [10, 13], torch.Generator().manual_seed(5))
+    assert _split_indices(got) == _split_indices(want)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_subset_takes_a_slice(num_workers):
+    ds = DictSamples()
+    sub = netcl_loader.Subset(ds, slice(2, 20, 3))
+    assert [int(i) for i in sub.indices] == list(range(2, 20, 3))
+    want = pytorch_batches(tud.Subset(ds, list(range(2, 20, 3))), batch_size=BATCH)
+    assert_same_batches(face_batches(sub, batch_size=BATCH, num_workers=num_workers), want)
+
+
+# -- iterable-style datasets (SPEC §11) ----------------------------------------------------
+
+@pytest.mark.parametrize("face", [NetclLoader, TorchLoader], ids=["netcl", "torch"])
+@pytest.mark.parametrize("kw", [
+    {"shuffle": True},
+    {"sampler": [0, 1, 2]},
+    {"batch_sampler": [[0, 1], [2]]},
+], ids=["shuffle", "sampler", "batch_sampler"])
+def test_iterable_refuses_shuffle_sampler_batch_sampler_as_pytorch(face, kw):
+    with pytest.raises(ValueError):
+        tud.DataLoader(ShardedStream(), **kw)
+    name = next(iter(kw))
+    with pytest.raises(ValueError, match=name):
+        face(ShardedStream(), **kw)
+
+
+@pytest.mark.parametrize("batch_size, drop_last", [(1, False), (4, False), (4, True), (5, True),
+                                                    (23, False), (30, True), (None, False)])
+def test_len_of_an_iterable_loader_is_pytorchs(batch_size, drop_last):
+    want = len(tud.DataLoader(ShardedStream(), batch_size=batch_size, drop_last=drop_last))
+    assert len(TorchLoader(ShardedStream(), batch_size=batch_size, drop_last=drop_last)) == want
+    assert len(NetclLoader(ShardedStream(), batch_size=batch_size, drop_last=drop_last,
+                           num_workers=0)) == want
+
+
+@pytest.mark.parametrize("face", [NetclLoader, TorchLoader], ids=["netcl", "torch"])
+def test_len_of_an_iterable_without_len_is_a_type_error(face):
+    with pytest.raises(TypeError):
+        len(tud.DataLoader(UnshardedStream()))
+    with pytest.raises(TypeError):
+        len(face(UnshardedStream(), num_workers=0))
+
+
+class FailingStream(tud.IterableDataset):
+    """Worker w yields w * 100 + k for k < 6; worker 0's stream raises KeyError at k == 3."""
+
+    def __iter__(self):
+        wid, _ = _worker()
+        for k in range(6):
+            if wid == 0 and k == 3:
+                raise KeyError(f"the stream of worker {wid} broke")
+            yield wid * 100 + k
+
+
+def _drain(loader, limit=50):
+    """What each next() gives, iterating on after errors: a batch's values, or the error."""
+    out = []
+    it = iter(loader)
+    for _ in range(limit):
+        try:
+            batch = next(it)
+        except StopIteration:
+            return out
+        except Exception as exc:
+            out.append(exc)
+        else:
+            out.append(batch.tolist())
+    raise AssertionError(f"the epoch did not end after {limit} batches: {out}")
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_error_in_a_workers_stream_is_raised_and_ends_only_that_stream(num_workers):
+    want = _drain(tud.DataLoader(FailingStream(), batch_size=2, num_workers=num_workers))
+    with TorchLoader(FailingStream(), batch_size=2, num_workers=num_workers,
+                     timeout=BATCH_TIMEOUT_SECONDS) as loader:
+        got = _drain(loader)
+    # PyTorch: [0, 1], ([100, 101],) KeyError, then the other streams go on.
+    assert [type(x) for x in got] == [type(x) for x in want], (got, want)
+    for g, w in zip(got, want):
+        if isinstance(w, Exception):
+            assert isinstance(g, KeyError)
+            assert "broke" in str(g)
+            if num_workers:
+                assert "worker 0" in str(g), str(g)
+        else:
+            assert g == w
+
+
+def _key(batch):
+    return tuple(int(i) for i in batch["i"])
+
+
+@pytest.mark.parametrize("num_workers", [2, 3])
+def test_in_order_false_yields_each_batch_exactly_once(num_workers):
+    want = pytorch_batches(ShardedStream(41), batch_size=3, num_workers=num_workers)
+    with NetclLoader(ShardedStream(41), batch_size=3, num_workers=num_workers, in_order=False,
+                     timeout=BATCH_TIMEOUT_SECONDS) as loader:
+        got = list(loader)
+    assert collections.Counter(map(_key, got)) == collections.Counter(map(_key, want))
+    assert len(set(map(_key, got))) == len(got)
+
+
+@pytest.mark.parametrize("face", [NetclLoader, TorchLoader], ids=["netcl", "torch"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_iterable_resume_by_replay_gives_the_remaining_batches(face, num_workers):
+    want = [_key(b) for b in pytorch_batches(ShardedStream(), batch_size=3, num_workers=num_workers)]
+    kw = {"batch_size": 3, "num_workers": num_workers, "timeout": BATCH_TIMEOUT_SECONDS}
+    with face(ShardedStream(), **kw) as loader:
+        it = iter(loader)
+        first = [_key(next(it)) for _ in range(3)]
+        state = json.loads(json.dumps(loader.state_dict()))
+    assert first == want[:3]
+    with face(ShardedStream(), **kw) as resumed:
+        resumed.load_state_dict(state)
+        assert [_key(b) for b in resumed] == want[3:]
+        assert [_key(b) for b in resumed] == want  # the next epoch is whole again
+
+
+class InfoStream(tud.IterableDataset):
+    def __iter__(self):
+        info = netcl_loader.get_worker_info()
+        yield (info.id, info.num_workers, info.rank, info.world_size)
+
+
+def test_get_worker_info_tells_an_iterable_its_rank_and_world_size():
+    with NetclLoader(InfoStream(), batch_size=None, num_workers=2, rank=1, world_size=3,
+                     timeout=BATCH_TIMEOUT_SECONDS) as loader:
+        got = sorted(tuple(int(v) for v in b) for b in loader)
+    assert got == [(0, 2, 1, 3), (1, 2, 1, 3)]
+    import netcl_loader.torch as face
+    assert face.get_worker_info is netcl_loader.get_worker_info
+    assert netcl_loader.get_worker_info() is None  # in the main process
+
+
+# -- batch_size=None on the engine's face -------------------------------------------------
+
+@pytest.mark.parametrize("output", [None, "torch"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_without_batching_samples_come_as_fetched(num_workers, output):
+    ds = NumpySamples()
+    with NetclLoader(ds, batch_size=None, shuffle=False, num_workers=num_workers, output=output,
+                     timeout=BATCH_TIMEOUT_SECONDS) as loader:
+        assert len(loader) == N
+        got, in_ring = [], 0
+        for sample in loader:
+            got.append(sample)
+            if num_workers:
+                in_ring += ring_slot(loader, sample[0]) is not None
+        piped = loader.stats.piped_batches
+    assert len(got) == N
+    for i, s in enumerate(got):
+        want = ds[i]
+        assert type(s) is tuple and len(s) == 4
+        if output == "torch":
+            assert_same(s[0], torch.from_numpy(want[0]), f"sample {i}[0]")
+            assert_same(s[1], torch.from_numpy(want[1]), f"sample {i}[1]")
+        else:
+            assert_same(s[0], want[0], f"sample {i}[0]")
+            assert_same(s[1], want[1], f"sample {i}[1]")
+        assert (s[2], s[3]) == (want[2], want[3])  # numbers stay numbers, as default_convert
+    if num_workers:
+        assert piped < N and in_ring > 0  # arrays through the ring
+
+
+# -- torch in the parent and in the dataset ---------------------------------------------
+
+class TorchWork:
+    """Samples computed with torch's intra-op thread pool (a matmul)."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        a = torch.full((128, 128), float(i))
+        return (a @ a)[0, 0], torch.get_num_threads()
+
+
+def test_torch_in_parent_and_in_workers_does_not_deadlock():
+    # The parent's thread pool is up before the workers are forked: a worker
+    # that used it would deadlock (SPEC §4: workers set torch.set_num_threads(1)).
+    x = torch.randn(256, 256)
+    (x @ x).sum().item()
+    with NetclLoader(TorchWork(), batch_size=2, shuffle=False, num_workers=2,
+                     timeout=BATCH_TIMEOUT_SECONDS) as loader:
+        got = list(loader)
+    assert [b[0].tolist() for b in got] == [[128.0 * i * i for i in (j, j + 1)] for j in (0, 2, 4, 6)]
+    assert all(b[1].tolist() == [1, 1] for b in got)
+
+
+# -- workers' random streams under worker_seeding="worker" --------------------------------
+
+class Draws(tud.Dataset):
+    """Sample i: a number drawn from torch's RNG in the worker."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.randint(0, 2**31, ()).item()
+
+
+def _draws(loader_cls, epochs=2, **kw):
+    torch.manual_seed(1234)
+    loader = loader_cls(Draws(), batch_size=2, num_workers=2, **kw)
+    return [[int(v) for b in loader for v in b] for _ in range(epochs)]
+
+
+def test_workers_first_epoch_draws_equal_pytorchs():
+    assert _draws(TorchLoader, 1) == _draws(tud.DataLoader, 1)
+
+
+def test_workers_draw_anew_each_epoch_without_persistent_workers():
+    # PyTorch draws a new base seed for every epoch's workers; workers seeded
+    # alike every epoch would repeat every random augmentation.
+    want = _draws(tud.DataLoader)
+    assert want[0] != want[1]
+    got = _draws(TorchLoader)
+    assert got[0] != got[1], f"epoch 1 repeats epoch 0's random draws: {got}"
