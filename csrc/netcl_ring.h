@@ -109,6 +109,13 @@ static inline uint64_t netcl_header_bytes(uint32_t nslots, uint32_t nqueues, uin
     return netcl_index_offset(nslots, nqueues, qcap) + (uint64_t)nslots * index_bytes;
 }
 
+/* Interleaving points: empty in the library; the protocol's C test defines
+ * it to yield or sleep at random, so that every window between two steps of
+ * a handshake gets hit. */
+#ifndef NETCL_RING_YIELD
+#define NETCL_RING_YIELD() ((void)0)
+#endif
+
 /* ---- the protocol ------------------------------------------------------
  *
  * Slot states (main process M, worker W):
@@ -122,7 +129,9 @@ static inline uint64_t netcl_header_bytes(uint32_t nslots, uint32_t nqueues, uin
 static inline void netcl_ring_publish(netcl_ring_header_t *hdr, netcl_slot_header_t *s,
                                       uint32_t state) {
     netcl_store_release(&s->state, state);
+    NETCL_RING_YIELD();
     netcl_fetch_add(&hdr->gen, 1);
+    NETCL_RING_YIELD();
     if (netcl_load_seq(&hdr->waiters) != 0) netcl_wake_all(&hdr->gen);
 }
 
@@ -133,6 +142,7 @@ static inline void netcl_ring_publish(netcl_ring_header_t *hdr, netcl_slot_heade
 static inline int netcl_ring_wait_gen(netcl_ring_header_t *hdr, uint32_t seen, int timeout_ms) {
     int rc = 0;
     netcl_fetch_add(&hdr->waiters, 1);
+    NETCL_RING_YIELD();
     if (netcl_load_seq(&hdr->gen) == seen) rc = netcl_wait_u32(&hdr->gen, seen, timeout_ms);
     netcl_fetch_add(&hdr->waiters, (uint32_t)-1);
     return rc;
@@ -146,6 +156,7 @@ static inline int netcl_queue_push(netcl_queue_t *q, uint32_t *entries, uint32_t
     if (head - netcl_load_acquire(&q->tail) >= qcap) return 0;
     entries[head % qcap] = entry;
     netcl_store_seq(&q->head, head + 1);
+    NETCL_RING_YIELD();
     if (netcl_load_seq(&q->sleeping)) netcl_wake_all(&q->head);
     return 1;
 }
@@ -159,7 +170,9 @@ static inline int64_t netcl_queue_pop(netcl_queue_t *q, const uint32_t *entries,
     uint32_t tail = q->tail; /* only the consumer writes it */
     uint32_t head = netcl_load_acquire(&q->head);
     if (head == tail) {
+        NETCL_RING_YIELD();
         netcl_store_seq(&q->sleeping, 1);
+        NETCL_RING_YIELD();
         head = netcl_load_seq(&q->head);
         if (head == tail) netcl_wait_u32(&q->head, head, timeout_ms);
         netcl_store_seq(&q->sleeping, 0);
@@ -212,8 +225,10 @@ static inline int64_t netcl_ring_wait_published(netcl_ring_header_t *hdr, const 
                                                 uint32_t n, int timeout_ms) {
     for (;;) {
         uint32_t seen = netcl_load_seq(&hdr->gen);
+        NETCL_RING_YIELD();
         int64_t k = netcl_ring_find_published(hdr, slots, n);
         if (k >= 0) return k;
+        NETCL_RING_YIELD();
         if (netcl_ring_wait_gen(hdr, seen, timeout_ms)) {
             return netcl_ring_find_published(hdr, slots, n);
         }

@@ -71,6 +71,18 @@ def dev_shm():
         return set()
 
 
+def dev_shm_left(before, settle=1.0):
+    """Names in /dev/shm that were not in ``before`` and are still there after
+    ``settle`` seconds (glibc's sem_open makes a short-lived ``sem.XXXXXX`` in
+    any process of the machine: a leak stays, such a file goes)."""
+    new = dev_shm() - before
+    deadline = time.monotonic() + settle
+    while new and time.monotonic() < deadline:
+        time.sleep(0.05)
+        new &= dev_shm()
+    return new
+
+
 # -- datasets for child programs (picklable: spawned workers import this module) ----
 
 class Rows:
@@ -364,5 +376,5 @@ def run_killed(code, kill="line", delay=0.0, watch=WATCH_SECONDS, timeout=CHILD_
         report = json.loads(out.stdout.strip().splitlines()[-1])
         if "error" in report:
             raise RuntimeError(report["error"])
-        report["dev_shm_new"] = sorted(dev_shm() - shm_before)
+        report["dev_shm_new"] = sorted(dev_shm_left(shm_before))
         return report

@@ -661,3 +661,18 @@ def test_netcl_loader_never_imports_torch_itself():
         "assert 'torch' not in sys.modules, 'torch was imported'\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("num_workers, shared", [(0, True), (2, True), (2, False)])
+def test_dict_subclass_samples_keep_their_type(num_workers, shared):
+    # As torch's default_collate rebuilds a Mapping (SPEC §10: dicts keep their type).
+    samples = [collections.OrderedDict(b=np.full(2, i, np.float32), a=i) for i in range(4)]
+    direct = collate(samples)
+    batches = load_all(samples, 2, num_workers=num_workers, use_shared_mem=shared)
+    for b in [direct] + batches:
+        assert type(b) is collections.OrderedDict and list(b) == ["b", "a"]
+    np.testing.assert_array_equal(batches[1]["b"], [[2, 2], [3, 3]])
+    counts = collections.defaultdict(int, n=1)
+    batch = collate([counts, counts])
+    assert type(batch) is collections.defaultdict and batch.default_factory is int
+    np.testing.assert_array_equal(batch["n"], [1, 1])

@@ -2,7 +2,6 @@
 import gc
 import os
 import random
-import sys
 import time
 
 import numpy as np
@@ -840,7 +839,6 @@ def augmented_epochs(loader, count):
     return [[tuple(x.tolist() for x in b) for b in loader] for _ in range(count)]
 
 
-@pytest.mark.slow
 def test_worker_seeding_batch_gives_the_same_augmentations_for_every_num_workers():
     pytest.importorskip("torch")
     runs = {}

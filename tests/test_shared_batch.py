@@ -574,3 +574,13 @@ def test_decode_imports_torch_only_for_a_record_with_tensors():
     assert child.exitcode == 0
     assert not had  # nothing imported torch before the record asked for it
     assert module.startswith("torch") and dtype == "torch.bfloat16" and values == [1.5, 2.5]
+
+
+def test_convert_output_makes_numpy_scalars_0d_tensors_as_default_convert():
+    torch = _torch()
+    got = convert_output({"f": np.float32(1.5), "b": np.bool_(True), "i": 3, "s": np.str_("x"),
+                          "t": np.datetime64("2020-01-01")}, "torch")
+    assert got["f"].dtype == torch.float32 and got["f"].shape == () and got["f"].item() == 1.5
+    assert got["b"].dtype == torch.bool and got["b"].item() is True
+    assert got["i"] == 3 and type(got["i"]) is int  # Python numbers stay (default_convert)
+    assert type(got["s"]) is np.str_ and isinstance(got["t"], np.datetime64)

@@ -4,7 +4,7 @@ import signal
 import sys
 
 import pytest
-from procs import EXIT_WAIT_SECONDS, dev_shm, run_child, run_killed, wait_gone
+from procs import EXIT_WAIT_SECONDS, dev_shm, dev_shm_left, run_child, run_killed, wait_gone
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="reads /proc to follow processes: Linux only")
@@ -26,7 +26,7 @@ def test_main_killed_leaves_no_worker_and_nothing_in_dev_shm(method):
     pids = [int(p) for p in out.stdout.split("PIDS")[1].split()]
     assert len(pids) == 2
     assert wait_gone(pids, 5.0), f"workers {pids} still alive 5 s after the main process died"
-    assert dev_shm() - before == set()
+    assert dev_shm_left(before) == set()
 
 
 def test_worker_killed_while_holding_a_slot_raises_and_the_next_epoch_is_whole():

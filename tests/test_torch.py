@@ -13,6 +13,8 @@ import importlib
 import inspect
 import json
 import os
+import subprocess
+import sys
 import time
 import warnings
 
@@ -46,7 +48,8 @@ def assert_same(got, want, path="batch"):
                                      f"{type(want).__name__} ({got!r} vs {want!r})")
     if isinstance(want, torch.Tensor):
         assert got.dtype == want.dtype, f"{path}: dtype {got.dtype} instead of {want.dtype}"
-        assert got.shape == want.shape, f"{path}: shape {tuple(got.shape)} instead of {tuple(want.shape)}"
+        assert got.shape == want.shape, (f"{path}: shape {tuple(got.shape)} instead of "
+                                         f"{tuple(want.shape)}")
         assert torch.equal(got, want), f"{path}: values differ:\n{got}\n{want}"
     elif isinstance(want, np.ndarray):
         assert got.dtype == want.dtype, f"{path}: dtype {got.dtype} instead of {want.dtype}"
@@ -80,7 +83,7 @@ def face_batches(dataset, **kw):
 
 
 def lists(batch):
-    """``batch`` with plain tuples as lists (the engine keeps tuples; default_collate makes lists)."""
+    """``batch`` with plain tuples as lists (the engine keeps tuples, default_collate lists)."""
     if type(batch) in (tuple, list):
         return [lists(b) for b in batch]
     if type(batch) is dict:
@@ -109,7 +112,8 @@ class DictSamples(tud.Dataset):
         return N
 
     def __getitem__(self, i):
-        return {"name": f"sample-{i}", "pixels": torch.arange(4, dtype=torch.int16).reshape(2, 2) * i,
+        return {"name": f"sample-{i}",
+                "pixels": torch.arange(4, dtype=torch.int16).reshape(2, 2) * i,
                 "score": i / 4, "label": i, "flag": i % 2 == 0}
 
 
@@ -163,10 +167,23 @@ def subset_dataset():
     return tud.Subset(DictSamples(), [22, 0, 5, 5, 17, 3, 9, 1, 12, 20, 8, 2, 14])
 
 
+def odd_tensor_dataset():
+    """A TensorDataset of non-contiguous, float16, uint8 and complex64 tensors."""
+    g = _generator(1)
+    return tud.TensorDataset(torch.randn(3, N, generator=g).t(), torch.arange(N * 2)[::2],
+                             torch.randn(N, generator=g).half(), torch.arange(N, dtype=torch.uint8),
+                             torch.randn(N, 2, dtype=torch.complex64, generator=g))
+
+
+def tensor_subset_dataset():
+    return tud.Subset(tensor_dataset(), [22, 0, 5, 5, 17, 3, 9, 1, 12, 20, 8, 2, 14])
+
+
 MAP_DATASETS = {
     "tensors": tensor_dataset, "dicts": DictSamples, "numpy": NumpySamples,
     "namedtuples": NamedSamples, "concat": concat_dataset, "stack": stack_dataset,
     "stack_named": named_stack_dataset, "subset": subset_dataset,
+    "odd_tensors": odd_tensor_dataset, "tensor_subset": tensor_subset_dataset,
 }
 #: Batched only: without batching they are test_without_batching_numpy_scalars_are_tensors's.
 BATCHED_ONLY = {"npscalars": ScalarSamples}
@@ -414,8 +431,8 @@ def ring_slot(loader, x):
 
 def rows(n=48):
     """Sample i: (float32 tensor of four i's, int64 tensor i): each batch says what it holds."""
-    return tud.TensorDataset(torch.arange(n, dtype=torch.float32).repeat_interleave(4).reshape(n, 4),
-                             torch.arange(n))
+    x = torch.arange(n, dtype=torch.float32).repeat_interleave(4).reshape(n, 4)
+    return tud.TensorDataset(x, torch.arange(n))
 
 
 def expected_rows(k, batch_size=BATCH):
@@ -423,9 +440,11 @@ def expected_rows(k, batch_size=BATCH):
     return idx.to(torch.float32).repeat_interleave(4).reshape(-1, 4), idx
 
 
-def check_rows(batch, k):
+def check_rows(batch, k, output=None):
     x, y = batch
     want_x, want_y = expected_rows(k)
+    if output == "numpy":
+        want_x, want_y = want_x.numpy(), want_y.numpy()
     assert_same(x, want_x, f"batch {k}[0]")
     assert_same(y, want_y, f"batch {k}[1]")
 
@@ -453,10 +472,11 @@ def test_tensor_batches_are_made_on_ring_slot_memory(zero_copy):
     assert sum(in_ring) == n_batches - piped, in_ring
 
 
-def test_tensors_kept_past_later_batches_keep_their_values():
+@pytest.mark.parametrize("output", [None, "numpy"])
+def test_tensors_kept_past_later_batches_keep_their_values(output):
     n_batches, keep = 20, 5
     with NetclLoader(rows(n_batches * BATCH), batch_size=BATCH, shuffle=False, num_workers=2,
-                     timeout=BATCH_TIMEOUT_SECONDS) as loader:
+                     output=output, timeout=BATCH_TIMEOUT_SECONDS) as loader:
         kept = collections.deque(maxlen=keep)
         lent_seen = 0
         for k, batch in zip(range(n_batches), loader):
@@ -469,11 +489,11 @@ def test_tensors_kept_past_later_batches_keep_their_values():
             assert len(lent) <= _max_lent_slots(), slots
             lent_seen += slots[-1] is not None
             for j, b in kept:
-                check_rows(b, j)
+                check_rows(b, j, output)
         assert k == n_batches - 1
     assert lent_seen > 0, "no batch was lent: the test checked copies only"
     for j, b in kept:  # after the loader is closed too
-        check_rows(b, j)
+        check_rows(b, j, output)
 
 
 def test_batches_kept_beyond_the_lent_slots_are_copies_the_caller_owns():
@@ -633,6 +653,13 @@ def test_prefetch_factor_without_workers_is_a_value_error(face):
         face(tensor_dataset(), num_workers=0, prefetch_factor=2)
 
 
+def test_torch_face_persistent_workers_without_workers_is_a_value_error():
+    with pytest.raises(ValueError):  # as in PyTorch
+        tud.DataLoader(tensor_dataset(), persistent_workers=True)
+    with pytest.raises(ValueError, match="persistent_workers"):
+        TorchLoader(tensor_dataset(), persistent_workers=True)
+
+
 class PidProbe:
     """Sample i: (the pid that made it, the dataset's version)."""
 
@@ -697,7 +724,8 @@ def test_pin_memory_with_cuda_gives_page_locked_tensors():
                      pin_memory=True, timeout=BATCH_TIMEOUT_SECONDS) as loader:
         got = list(loader)
     assert all(t.is_pinned() for b in got for t in b)
-    assert_same_batches([lists(b) for b in got], pytorch_batches(tensor_dataset(), batch_size=BATCH))
+    want = pytorch_batches(tensor_dataset(), batch_size=BATCH)
+    assert_same_batches([lists(b) for b in got], want)
 
 
 def _orders(loader, epochs=2):
@@ -807,6 +835,16 @@ def test_torch_faces_random_split_takes_pytorchs_positional_generator():
     assert _split_indices(got) == _split_indices(want)
 
 
+def test_torch_faces_random_split_draws_from_torchs_global_rng_by_default():
+    # PyTorch's default generator is torch's global one: torch.manual_seed(s) fixes the split.
+    import netcl_loader.torch as face
+    ds = tensor_dataset()
+    torch.manual_seed(3)
+    want = _split_indices(tud.random_split(ds, [10, 13]))
+    torch.manual_seed(3)
+    assert _split_indices(face.random_split(ds, [10, 13])) == want
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_subset_takes_a_slice(num_workers):
     ds = DictSamples()
@@ -911,7 +949,8 @@ def test_in_order_false_yields_each_batch_exactly_once(num_workers):
 @pytest.mark.parametrize("face", [NetclLoader, TorchLoader], ids=["netcl", "torch"])
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_iterable_resume_by_replay_gives_the_remaining_batches(face, num_workers):
-    want = [_key(b) for b in pytorch_batches(ShardedStream(), batch_size=3, num_workers=num_workers)]
+    want = [_key(b) for b in pytorch_batches(ShardedStream(), batch_size=3,
+                                             num_workers=num_workers)]
     kw = {"batch_size": 3, "num_workers": num_workers, "timeout": BATCH_TIMEOUT_SECONDS}
     with face(ShardedStream(), **kw) as loader:
         it = iter(loader)
@@ -991,8 +1030,28 @@ def test_torch_in_parent_and_in_workers_does_not_deadlock():
     with NetclLoader(TorchWork(), batch_size=2, shuffle=False, num_workers=2,
                      timeout=BATCH_TIMEOUT_SECONDS) as loader:
         got = list(loader)
-    assert [b[0].tolist() for b in got] == [[128.0 * i * i for i in (j, j + 1)] for j in (0, 2, 4, 6)]
+    want = [[128.0 * i * i for i in (j, j + 1)] for j in (0, 2, 4, 6)]
+    assert [b[0].tolist() for b in got] == want
     assert all(b[1].tolist() == [1, 1] for b in got)
+
+
+NO_TORCH_PROGRAM = """
+import sys
+import numpy as np
+import netcl_loader
+ds = netcl_loader.ArrayDataset(np.arange(16, dtype=np.float32), np.arange(16))
+with netcl_loader.DataLoader(ds, batch_size=4, num_workers=2, seed=0) as loader:
+    for epoch in range(2):
+        assert len(list(loader)) == 4
+print("torch" in sys.modules)
+"""
+
+
+def test_the_engine_never_imports_torch_itself():
+    out = subprocess.run([sys.executable, "-c", NO_TORCH_PROGRAM], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False", "netcl_loader imported torch (SPEC §10)"
 
 
 # -- workers' random streams under worker_seeding="worker" --------------------------------

@@ -13,8 +13,10 @@ from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_RECORDS_
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.string cimport strcmp, memset, memcpy
 
+import copy
 import sys
 import warnings
+from collections.abc import MutableMapping
 
 import numpy as np
 
@@ -217,10 +219,29 @@ def torch_holds(dtype):
 cdef class _Node:
     cdef int kind
     cdef object type
+    cdef object template   # the first sample's mapping, for a dict subclass
     cdef list children
     cdef tuple keys
     cdef int leaf
     cdef str path
+
+
+def same_mapping(template, items):
+    """``items`` (a dict) as a mapping of ``template``'s type, as torch's
+    default_collate rebuilds one: a copy of a mutable mapping updated with
+    ``items`` (it may carry more than its items, like a defaultdict's
+    factory), else ``type(template)(items)``, else a plain dict."""
+    t = type(template)
+    if t is dict:
+        return items
+    try:
+        if isinstance(template, MutableMapping):
+            clone = copy.copy(template)
+            clone.update(items)
+            return clone
+        return t(items)
+    except Exception:
+        return items
 
 
 cdef inline int _kind_of(object v):
@@ -275,6 +296,8 @@ cdef _Node _build(object v, str path, list leaves):
     elif n.kind == K_DICT:
         n.keys = tuple(v.keys())
         n.children = [_build(v[k], _child_path(path, k), leaves) for k in n.keys]
+        if n.type is not dict:
+            n.template = v
     else:
         n.leaf = len(leaves)
         leaves.append([])
@@ -366,7 +389,8 @@ cdef object _assemble(_Node n, list outs):
     if n.kind == K_LIST:
         return [_assemble(<_Node>c, outs) for c in n.children]
     if n.kind == K_DICT:
-        return {k: _assemble(<_Node>c, outs) for k, c in zip(n.keys, n.children)}
+        items = {k: _assemble(<_Node>c, outs) for k, c in zip(n.keys, n.children)}
+        return items if n.template is None else same_mapping(n.template, items)
     return outs[n.leaf]
 
 
@@ -540,7 +564,8 @@ def collate(list samples, indices=None, alloc=None):
 
     Returns
     -------
-    The batch: tuples, lists and dicts keep their structure, array leaves are
+    The batch: tuples, lists and dicts keep their structure (namedtuples and
+    dict subclasses their type, as in torch's default_collate), array leaves are
     stacked along a new axis 0, Python numbers become int64/float64/bool
     arrays, NumPy scalars arrays of their dtype, other leaves lists (NumPy
     strings too, as in torch's ``default_collate``).  CPU torch tensor

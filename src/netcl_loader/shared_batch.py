@@ -18,7 +18,6 @@ leaks nothing.
 """
 from __future__ import annotations
 
-import copy
 import os
 import pickle
 import sys
@@ -27,8 +26,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._collate import (array_as_tensor, is_tensor, tensor_as_array, tensor_dtype_info,
-                       torch_dtype, torch_dtype_name, torch_holds, torch_module)
+from ._collate import (array_as_tensor, is_tensor, same_mapping, tensor_as_array,
+                       tensor_dtype_info, torch_dtype, torch_dtype_name, torch_holds,
+                       torch_module)
 from ._ring import (ASSIGNED, CANCELLED, FREE, PAGE_BYTES, PIPED, READY, RingHeader,
                     Segment, SharedMemoryError)
 
@@ -386,6 +386,8 @@ class SlotWriter:
             return {k: self.encode(v) for k, v in batch.items()}
         if isinstance(batch, tuple) and hasattr(t, "_fields"):
             return t(*[self.encode(b) for b in batch])
+        if isinstance(batch, dict):
+            return same_mapping(batch, {k: self.encode(v) for k, v in batch.items()})
         if isinstance(batch, np.ndarray):
             return self.encode(np.asarray(batch))
         if is_tensor(batch):
@@ -536,6 +538,8 @@ class _Plan:
             return {k: self._compile(v) for k, v in x.items()}
         if isinstance(x, tuple) and hasattr(t, "_fields"):
             return t(*[self._compile(b) for b in x])
+        if isinstance(x, dict):
+            return same_mapping(x, {k: self._compile(v) for k, v in x.items()})
         # Values carried in the record itself (lists of strings, object
         # arrays, ...) must be fresh for every batch: such a plan is not reused.
         self.cacheable = False
@@ -554,6 +558,9 @@ def _fill(tree, arrays, read_only, output):
         return {k: _fill(v, arrays, read_only, output) for k, v in tree.items()}
     if isinstance(tree, tuple) and hasattr(t, "_fields"):
         return t(*[_fill(b, arrays, read_only, output) for b in tree])
+    if isinstance(tree, dict):
+        return same_mapping(tree, {k: _fill(v, arrays, read_only, output)
+                                   for k, v in tree.items()})
     # A value carried in the record (fresh: the plan is not cached).  Its
     # arrays follow the mode's promise too, as the pipe path's do.
     if read_only and type(tree) is np.ndarray:
@@ -604,6 +611,12 @@ def _convert_leaf(x, output):
                 x = x.copy()  # torch has no negative strides
             return array_as_tensor(x)
         return x
+    if isinstance(x, np.generic):
+        # A NumPy scalar (a sample yielded without batching) is a 0-d tensor,
+        # as torch's default_convert makes it; Python numbers stay as they are.
+        if output == "torch" and torch_holds(x.dtype):
+            return array_as_tensor(np.array(x))
+        return x
     if output == "numpy" and is_tensor(x):
         return _tensor_to_numpy(x)
     return x
@@ -623,16 +636,7 @@ def _convert(x, output):
     if isinstance(x, list):
         return [_convert(b, output) for b in x]
     if isinstance(x, dict):
-        items = {k: _convert(v, output) for k, v in x.items()}
-        try:
-            return t(items)
-        except TypeError:  # defaultdict and others that need more than the items
-            try:
-                same = copy.copy(x)
-                same.update(items)
-                return same
-            except Exception:
-                return items
+        return same_mapping(x, {k: _convert(v, output) for k, v in x.items()})
     return _convert_leaf(x, output)
 
 
@@ -654,9 +658,10 @@ def convert_output(batch, output):
         NumPy array of a type torch holds becomes a tensor on its memory
         (``torch.from_numpy``, no copy), so numbers collated to
         int64/float64/bool arrays become tensors of those dtypes, as with
-        torch's ``default_collate``; arrays torch cannot hold (object,
-        datetime, strings, records, non-native byte order) stay NumPy, and
-        other leaves (lists of strings, ...) are kept.
+        torch's ``default_collate``, and NumPy scalars 0-d tensors (as its
+        ``default_convert``); arrays torch cannot hold (object, datetime,
+        strings, records, non-native byte order) stay NumPy, and other
+        leaves (Python numbers, lists of strings, ...) are kept.
 
     Raises
     ------
