@@ -8,6 +8,7 @@ reports what the kill left behind (``write_launcher``, ``run_killed``).
 """
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -249,7 +250,8 @@ def main():
     cfg = json.loads(sys.argv[1])
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        print(json.dumps({"error": f"prctl(PR_SET_CHILD_SUBREAPER) failed: errno {ctypes.get_errno()}"}))
+        errno = ctypes.get_errno()
+        print(json.dumps({"error": f"prctl(PR_SET_CHILD_SUBREAPER) failed: errno {errno}"}))
         return
     proc = subprocess.Popen([sys.executable, cfg["program"]], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -378,3 +380,31 @@ def run_killed(code, kill="line", delay=0.0, watch=WATCH_SECONDS, timeout=CHILD_
             raise RuntimeError(report["error"])
         report["dev_shm_new"] = sorted(dev_shm_left(shm_before))
         return report
+
+
+def printed(report, key):
+    """The words after ``key`` on the line the program printed starting with it."""
+    for line in report["stdout"]:
+        if line.split()[:1] == [key]:
+            return line.split()[1:]
+    raise AssertionError(f"the program printed no {key} line: {report}")
+
+
+def assert_nothing_left(report):
+    """SPEC §5 on a report of run_killed: every orphan gone within 5 s, the ring with them."""
+    assert report["killed"] and report["main_returncode"] == -signal.SIGKILL, \
+        "\n".join(report["stdout"] + report["stderr"])
+    workers = [int(p) for p in printed(report, "PIDS")]
+    before = {b["pid"]: b for b in report["before"]}
+    assert len(workers) == 2 and set(workers) <= set(before), report
+    # The check below means something only if the workers did map the ring.
+    assert all(before[p]["holds_ring"] for p in workers), report["before"]
+    late = [o for o in report["orphans"] if o["survived_s"] > EXIT_WAIT_SECONDS]
+    assert not late, f"alive more than {EXIT_WAIT_SECONDS} s after the kill: {late}"
+    assert report["survivors"] == [], report["orphans"]
+    held = [o for o in report["orphans"]
+            if o["ring_held_s"] is not None and o["ring_held_s"] > EXIT_WAIT_SECONDS]
+    assert not held and report["ring_held_at_end"] == [], report["orphans"]
+    assert report["dev_shm_new"] == []
+    assert report["stderr"] == [], "\n".join(report["stderr"])
+    return before

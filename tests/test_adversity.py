@@ -5,7 +5,6 @@ timeout, so that a hang or a stray process cannot take the test run with it.
 """
 import os
 import re
-import signal
 import sys
 import textwrap
 import time
@@ -547,23 +546,6 @@ def test_teardown_in_a_subprocess_leaves_no_worker_and_no_stderr(ending):
     pids = [int(p) for p in results(r.stdout)["PIDS"].split(",")]
     assert len(pids) == 2
     assert wait_gone(pids)
-
-
-def test_killed_main_process_takes_its_workers_along():
-    code = """
-        import os, signal
-        from netcl_loader import DataLoader
-        dl = DataLoader(Slow(400, seconds=0.01), batch_size=2, num_workers=2, timeout=30)
-        it = iter(dl)
-        next(it)
-        print("PIDS=" + ",".join(map(str, dl.worker_pids)), flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
-    """
-    r = run_child(code)
-    assert r.returncode == -signal.SIGKILL
-    pids = [int(p) for p in results(r.stdout)["PIDS"].split(",")]
-    assert len(pids) == 2
-    assert wait_gone(pids, seconds=5.0 + 1.0)
 
 
 def test_close_with_a_worker_stuck_in_the_dataset_returns():

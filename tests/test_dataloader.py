@@ -858,7 +858,8 @@ def test_in_process_batch_seeding_leaves_the_callers_rngs_alone():
     np.random.seed(99)
     random.seed(99)
     torch.manual_seed(99)
-    np_state, py_state, torch_state = np.random.get_state(), random.getstate(), torch.get_rng_state()
+    np_state, py_state = np.random.get_state(), random.getstate()
+    torch_state = torch.get_rng_state()
     with make(Augments(10), batch_size=3, num_workers=0, seed=11) as dl:
         augmented_epochs(dl, 2)
     after = np.random.get_state()

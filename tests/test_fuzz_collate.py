@@ -311,12 +311,9 @@ class ListDataset:
 @st.composite
 def datasets(draw):
     """(batch size, expected batches, samples): a few groups of one size, one
-    structure each, so that one loader epoch covers several structures.
-    Non-native byte orders are left out: the pipe does not keep them (see
-    test_loader_keeps_non_native_byte_order_through_the_pipe)."""
+    structure each, so that one loader epoch covers several structures."""
     size = draw(st.integers(1, 4))
-    groups = draw(st.lists(batches(size).filter(lambda case: _native(case[0])),
-                           min_size=2, max_size=5))
+    groups = draw(st.lists(batches(size), min_size=2, max_size=5))
     return size, [reference(spec, s) for spec, s in groups], [x for _, s in groups for x in s]
 
 
@@ -341,7 +338,7 @@ def check_loader(size, want, samples, configs=CONFIGS):
 
 
 def _native(spec):
-    """False where a leaf has a non-native byte order (see the xfail test below)."""
+    """False where a leaf has a non-native byte order."""
     kind = spec[0]
     if kind in ("tuple", "list"):
         return all(_native(c) for c in spec[1])
@@ -385,11 +382,6 @@ def test_loader_carries_every_dtype_family_identically_in_every_transport():
     check_loader(3, want, samples)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the pipe path (use_shared_mem=False, or a batch too big for its slot) sends the batch "
-    "with multiprocessing's pickle (protocol 4), and NumPy 2.4 unpickles non-native byte "
-    "order arrays as native ones (values kept, dtype changed): the worker's pipe send "
-    "must carry the dtype; the ring and num_workers=0 keep it"))
 def test_loader_keeps_non_native_byte_order_through_the_pipe():
     spec = _kitchen_sink(native=False)
     samples = [make_sample(spec, r) for r in _rngs(4, seed=2)]

@@ -352,7 +352,9 @@ class EpochIterator:
         base = pool.refs(slot)
         seg = pool.ring.segment(slot)
         if loader._uploader is not None:
-            batch = self._upload(decode(seg, meta_off, meta_len, VIEW), slot)
+            # NumPy views: the uploader copies float32 arrays to the device and
+            # the other fields out of the slot (tensors would pass as they are).
+            batch = self._upload(decode(seg, meta_off, meta_len, VIEW, output="numpy"), slot)
             if batch is not None:
                 return batch
         if loader.zero_copy:

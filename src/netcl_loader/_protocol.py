@@ -10,10 +10,12 @@ an error record, or the end of its stream).
 """
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import struct
 import traceback
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -41,6 +43,31 @@ FLAG_PICKLED_INDICES = 1  # indices are not all ints: the payload is a pickle
 BATCH = "batch"     # payload: the batch
 ERROR = "error"     # payload: an error_record
 END = "end"         # the worker's stream of an iterable-style dataset has ended
+
+
+def _rebuild_array(data, descr, shape):
+    dtype = np.dtype(descr)
+    return np.frombuffer(data, dtype).reshape(shape).copy()
+
+
+class _Pickler(ForkingPickler):
+    """multiprocessing's pickler (torch's tensor reductions included), keeping
+    arrays of non-native byte order as they are: NumPy's own reduction brings
+    them back native, so a batch would depend on its transport."""
+
+    def reducer_override(self, obj):
+        if type(obj) is np.ndarray and not obj.dtype.isnative and not obj.dtype.hasobject:
+            descr = obj.dtype.descr if obj.dtype.fields is not None else obj.dtype.str
+            return _rebuild_array, (np.ascontiguousarray(obj).tobytes(), descr, obj.shape)
+        return NotImplemented
+
+
+def dumps(obj):
+    """The bytes of ``obj`` for a worker's pipe."""
+    buf = io.BytesIO()
+    _Pickler(buf, pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getbuffer()
+
 
 
 class Result(NamedTuple):
@@ -75,8 +102,9 @@ def rebuild_error(record):
     exc_type, name, tb, indices, worker_id, pid = record
     where = "the main process" if worker_id is None else f"DataLoader worker {worker_id} (pid {pid})"
     shown = indices if len(indices) <= 16 else indices[:16] + ["..."]
-    msg = (f"Caught {name} in {where} while loading the batch of dataset indices {shown}.\n"
-           f"Original traceback:\n{tb}")
+    what = (f"the batch of dataset indices {shown}" if indices else
+            "a batch (from its stream of an iterable-style dataset, or before its first task)")
+    msg = f"Caught {name} in {where} while loading {what}.\nOriginal traceback:\n{tb}"
     if exc_type is not None:
         if exc_type is KeyError:
             msg = _KeyErrorMessage(msg)

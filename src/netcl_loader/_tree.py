@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["map_leaves", "tuples_to_lists", "read_only", "batch_len"]
+__all__ = ["map_leaves", "torch_structure", "read_only", "batch_len"]
 
 
 def map_leaves(batch, fn):
@@ -20,15 +20,26 @@ def map_leaves(batch, fn):
     return fn(batch)
 
 
-def tuples_to_lists(batch):
-    """Plain tuples as lists, as PyTorch's default_collate and default_convert give them."""
+def torch_structure(batch, in_sequence=False):
+    """``batch`` shaped as PyTorch's ``default_collate`` shapes it: plain tuples as
+    lists, and a field of strings inside a tuple, list or namedtuple sample as a
+    tuple (``default_collate`` transposes sequences with ``zip``).
+
+    A collated field of strings is a list of str; a structure node's items are
+    collated fields, never bare strings, so the two cannot be confused.
+    """
     t = type(batch)
     if t is tuple or t is list:
-        return [tuples_to_lists(b) for b in batch]
+        if in_sequence and t is list and batch and all(
+                type(x) is str or type(x) is bytes for x in batch):
+            return tuple(batch)
+        return [torch_structure(b, True) for b in batch]
     if t is dict:
-        return {k: tuples_to_lists(v) for k, v in batch.items()}
+        return {k: torch_structure(v) for k, v in batch.items()}
     if isinstance(batch, tuple) and hasattr(t, "_fields"):
-        return t(*[tuples_to_lists(b) for b in batch])
+        return t(*[torch_structure(b, True) for b in batch])
+    if isinstance(batch, dict):
+        return t({k: torch_structure(v) for k, v in batch.items()})
     return batch
 
 

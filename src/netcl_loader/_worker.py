@@ -15,7 +15,8 @@ import numpy as np
 
 from ._collate import array_as_tensor, collate, gather_rows, tensor_as_array, tensor_dtype_info
 from ._protocol import (BATCH, END, ENTRY_KIND_MASK, ENTRY_PIPED_TASK, ENTRY_REMAP, ENTRY_SLOT_MASK,
-                        ENTRY_STOP, ERROR, FLAG_PICKLED_INDICES, TASK_HEADER, Result, error_record)
+                        ENTRY_STOP, ERROR, FLAG_PICKLED_INDICES, TASK_HEADER, Result, dumps,
+                        error_record)
 from ._ring import CANCELLED, PIPED, READY
 from .shared_batch import SlotWriter
 
@@ -56,6 +57,20 @@ def get_worker_info():
     return _worker_info
 
 
+def _set_worker_info(info):
+    """Make ``info`` this worker's, for ``get_worker_info()`` and, where torch is
+    loaded, for ``torch.utils.data.get_worker_info()`` too: PyTorch datasets shard
+    their streams with torch's function."""
+    global _worker_info
+    _worker_info = info
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            torch.utils.data._utils.worker._worker_info = info
+        except AttributeError:  # a torch without that module layout
+            pass
+
+
 #: How workers seed their RNGs (SPEC section 4).
 WORKER_SEEDINGS = ("batch", "worker")
 
@@ -82,8 +97,16 @@ def batch_seed(base_seed, epoch, batch_index, rank=None):
     return h >> 1
 
 
-def worker_seed(base_seed, worker_id):
-    """The seed of worker ``worker_id`` (``worker_seeding="worker"``): PyTorch's ``base_seed + id``."""
+def worker_seed(base_seed, worker_id, generation=0):
+    """The seed of worker ``worker_id`` (``worker_seeding="worker"``): PyTorch's ``base_seed + id``.
+
+    ``generation`` counts the pools a loader has started: PyTorch draws a new
+    base seed for every pool (with ``persistent_workers=False``, every
+    epoch), so that workers do not repeat one epoch's random draws in the
+    next; here a later pool's base is derived from the first one's.
+    """
+    if generation:
+        base_seed = _mix64((base_seed & _MASK64) ^ (generation * 0xD6E8FEB86659FD93 & _MASK64))
     return (base_seed + worker_id) & _MASK64
 
 
@@ -401,6 +424,7 @@ class WorkerConfig(NamedTuple):
     batch_size: int | None      # of an iterable-style stream's batches
     drop_last: bool             # iterable-style: drop each stream's last, smaller batch
     iterable: bool
+    generation: int             # pools the loader started before this one
 
 
 def worker_loop(config, conn, ring, lifeline):
@@ -413,7 +437,6 @@ def worker_loop(config, conn, ring, lifeline):
     publishes the slot's new state.  Exits on a STOP entry, and at once when
     the main process dies (the watchdog of :class:`Lifeline`).
     """
-    global _worker_info
     # Ctrl-C goes to the whole process group: the main process handles it and
     # shuts the pool down; a worker that died of it would only add noise.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -429,10 +452,10 @@ def worker_loop(config, conn, ring, lifeline):
                        config.rank if config.distributed else None)
     # Seeded once at start in both modes (PyTorch's way), before worker_init_fn,
     # so that seeding done there holds; "batch" seeds again before each batch.
-    seed = worker_seed(config.base_seed, worker_id)
+    seed = worker_seed(config.base_seed, worker_id, config.generation)
     seed_everything(seed)
-    _worker_info = WorkerInfo(worker_id, config.num_workers, seed, config.dataset,
-                              config.rank, config.world_size)
+    _set_worker_info(WorkerInfo(worker_id, config.num_workers, seed, config.dataset,
+                                config.rank, config.world_size))
     try:
         if config.worker_init_fn is not None:
             config.worker_init_fn(worker_id)
@@ -502,7 +525,7 @@ def worker_loop(config, conn, ring, lifeline):
                 maker.start_stream(token)
             seed = maker.seed(epoch, seq)
             if seed is not None:
-                _worker_info = _worker_info._replace(seed=seed)
+                _set_worker_info(_worker_info._replace(seed=seed))
             writer = SlotWriter(ring.segment(slot), ring.capacity(slot)) if use_shared_mem else None
             batch = maker.make(indices, writer.alloc if writer is not None else np.empty)
             if writer is not None:
@@ -525,8 +548,10 @@ def worker_loop(config, conn, ring, lifeline):
         fetch, coll, trans = maker.times
         header.finish(slot, PIPED, 0, 0, 0, needed, fetch, coll, trans, 0, start)
         try:
-            conn.send(payload)
+            data = dumps(payload)
+        except Exception as exc:  # the batch does not pickle
+            data = dumps(Result(ERROR, token, seq, error_record(exc, indices, worker_id)))
+        try:
+            conn.send_bytes(data)
         except (EOFError, OSError):
             return
-        except Exception as exc:  # the batch does not pickle
-            conn.send(Result(ERROR, token, seq, error_record(exc, indices, worker_id)))

@@ -33,7 +33,7 @@ from ._order import (STATE_VERSION, check_state, global_order, group, index_batc
                      length_or_none, local_order, num_batches, shard_length)
 from ._pool import Pool, WorkerError
 from ._stats import LoaderStats
-from ._tree import map_leaves, tuples_to_lists
+from ._tree import map_leaves, torch_structure
 from ._worker import WORKER_SEEDINGS, BatchMaker
 from .shared_batch import OutputPool, convert_output
 
@@ -508,15 +508,16 @@ class DataLoader:
             batch = convert_output(batch, self.output)
         return self._finalize(batch)
 
-    #: Plain tuples become lists, as PyTorch's default_collate and
-    #: default_convert make them (set by the PyTorch face).
+    #: Batches shaped as PyTorch's default_collate and default_convert shape
+    #: them: plain tuples as lists, strings in a sequence as tuples (set by
+    #: the PyTorch face).
     _tuples_as_lists = False
 
     def _finalize(self, batch):
         """The last touches on every yielded batch: PyTorch's structure (its face),
         and ``pin_memory=True`` with an accelerator: tensors in page-locked memory."""
         if self._tuples_as_lists and self.collate_fn is None:
-            batch = tuples_to_lists(batch)
+            batch = torch_structure(batch)
         if not self.pin_memory:
             return batch
         torch = sys.modules["torch"]

@@ -23,7 +23,17 @@ from . import dataloader as _engine
 __all__ = ["DataLoader", "get_worker_info", "random_split"]
 
 from ._worker import get_worker_info  # noqa: E402  re-exported, as torch.utils.data has it
-from .datasets import random_split  # noqa: E402
+from .datasets import random_split as _random_split  # noqa: E402
+
+
+def random_split(dataset, lengths, generator=torch.default_generator):
+    """PyTorch's ``random_split(dataset, lengths, generator=default_generator)``.
+
+    The permutation is ``torch.randperm`` with ``generator`` (torch's global
+    one by default, so ``torch.manual_seed`` makes it reproducible): the same
+    split as PyTorch's, as :class:`netcl_loader.Subset` objects.
+    """
+    return _random_split(dataset, lengths, generator=generator)
 
 
 class DataLoader(_engine.DataLoader):
