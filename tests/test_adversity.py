@@ -322,21 +322,21 @@ class LateOnThePipe:
     """A batch leaf that takes ``seconds`` to pickle for a pipe, and no time otherwise.
 
     Its batch's slot is published as PIPED first, then the payload is late:
-    the main process waits in the pipe, not for the slot (issue 10).
+    the main process waits in the pipe, not for the slot (issue 10).  Pickled
+    by the ring's slot writer (the batch's layout record), it takes no time:
+    that happens before the slot is published.
     """
 
     def __init__(self, seconds):
         self.seconds = seconds
 
     def __reduce__(self):
+        writer = os.path.join("netcl_loader", "shared_batch.py")
         frame = sys._getframe(1)
-        while frame is not None:
-            code = frame.f_code
-            if code.co_name == "send" and code.co_filename.endswith(
-                    os.path.join("multiprocessing", "connection.py")):
-                time.sleep(self.seconds)  # Connection.send is pickling this batch
-                break
+        while frame is not None and not frame.f_code.co_filename.endswith(writer):
             frame = frame.f_back
+        if frame is None:
+            time.sleep(self.seconds)  # pickled for the pipe
         return LateOnThePipe, (self.seconds,)
 
 

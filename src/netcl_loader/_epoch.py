@@ -73,6 +73,8 @@ class EpochIterator:
                                          frozenset(self.done_extra))
         self._tasks_left = True
         self.pool = None
+        if not prestarted:
+            loader._stats.begin_epoch(epoch)
         if loader.num_workers > 0:
             self.pool = loader._get_pool()
             loader._token = (loader._token + 1) & 0xFFFFFFFF
@@ -88,7 +90,7 @@ class EpochIterator:
         if not prestarted:
             # Starting the pool and the first tasks is time the caller waits too.
             self._last = t0
-            loader._stats.wait_seconds += time.perf_counter() - t0
+            loader._stats.record_wait(time.perf_counter() - t0)
 
     def _next_task(self):
         """``(seq, indices, worker id)`` of the next task; StopIteration when there is none."""
@@ -140,13 +142,16 @@ class EpochIterator:
                     self._wait_for_slot()  # every slot is leased or still stale
                     self._fill()
                 seq, slot, wid, n = self._wait()
-                state = self.pool.header.state(slot)
+                header = self.pool.header
+                times = header.times(slot)  # the worker's stage times, before the slot is freed
+                t_decode = time.perf_counter()
+                state = header.state(slot)
                 if state == READY:
                     batch = self._take_ready(slot)
                 else:  # PIPED
                     t0 = time.perf_counter()
                     msg = self.pool.recv(wid, self.token, seq, loader.timeout)
-                    stats.wait_seconds += time.perf_counter() - t0
+                    stats.record_wait(time.perf_counter() - t0)
                     needed = self.pool.header.result(slot)[2]
                     if needed:
                         stats.piped_batches += 1
@@ -177,15 +182,15 @@ class EpochIterator:
             self.pending = {}
             loader._end_epoch_pool()
             raise
+        decode = time.perf_counter() - t_decode
         if self.iterable:
             self.done_prefix += 1
         else:
             self._mark_done(seq)
         self._fill()
         end = time.perf_counter()
-        stats.batches += 1
-        stats.samples += n if not self.iterable else batch_len(batch)
-        stats.wall_seconds += end - self._last
+        stats.record_batch(n if not self.iterable else batch_len(batch), wid, times, decode,
+                           end - self._last)
         self._last = end
         return batch
 
@@ -227,12 +232,15 @@ class EpochIterator:
             else:
                 self._mark_done(seq)
             break
+        t_decode = time.perf_counter()
         batch = self._upload_owned(loader._deliver(batch))
         end = time.perf_counter()
-        loader._stats.batches += 1
-        loader._stats.samples += len(indices) if not self.iterable else batch_len(batch)
-        loader._stats.wait_seconds += end - now
-        loader._stats.wall_seconds += end - self._last
+        stats = loader._stats
+        # In-process, making the batch is all the time the caller waits.
+        stats.record_wait(t_decode - now)
+        fetch, coll, trans = maker.times
+        stats.record_batch(len(indices) if not self.iterable else batch_len(batch), -1,
+                           (fetch, coll, trans, 0, 0), end - t_decode, end - self._last)
         self._last = end
         return batch
 
@@ -309,7 +317,7 @@ class EpochIterator:
                 break
             pool.check_alive()
             pool.reap(self.token)
-        loader._stats.wait_seconds += time.perf_counter() - t0
+        loader._stats.record_wait(time.perf_counter() - t0)
 
     def _wait_for_slot(self):
         """Sleep until a slot is free: stale tasks finish, the caller drops a lent
@@ -330,7 +338,7 @@ class EpochIterator:
                                    f"waiting for a free ring slot (the caller holds "
                                    f"{pool.lent_count()} batches)")
             header.wait_gen(seen, WAIT_SLICE_MS)
-        loader._stats.wait_seconds += time.perf_counter() - t0
+        loader._stats.record_wait(time.perf_counter() - t0)
 
     def _reclaim(self, next_call=False):
         pool = self.pool
@@ -340,7 +348,7 @@ class EpochIterator:
             # Time the caller waits for the device, too.
             while not pool.free and pool.wait_oldest_upload():
                 pass
-            self.loader._stats.wait_seconds += time.perf_counter() - t0
+            self.loader._stats.record_wait(time.perf_counter() - t0)
 
     # -- delivery -----------------------------------------------------------------
     def _take_ready(self, slot):
@@ -377,6 +385,7 @@ class EpochIterator:
         copies complete.  On an OpenCL error: None for a slot's batch (the caller
         decodes it another way), the batch itself otherwise; warns once."""
         loader = self.loader
+        t0 = time.perf_counter()
         try:
             gb = loader._uploader.upload(batch)
         except Exception as exc:
@@ -388,6 +397,7 @@ class EpochIterator:
                               RuntimeWarning, stacklevel=4)
             return None if slot is not None else batch
         loader._stats.uploads += 1
+        loader._stats.record_upload(time.perf_counter() - t0)
         if slot is not None:
             self.pool.lease(slot, LEASE_UPLOAD, gb)
         return gb
@@ -409,7 +419,7 @@ class EpochIterator:
     def _finish(self):
         if not self.finished:
             self.finished = True
-            self.loader._stats.epochs += 1
+            self.loader._stats.end_epoch(self.epoch)
             self._cleanup()
             self.loader._end_epoch_pool()
             self.loader._prestart(self.epoch + 1)

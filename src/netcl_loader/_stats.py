@@ -27,6 +27,35 @@ class LoaderStats:
         """Share of wall time the main process waited for batches (1.0: the loader is the bottleneck)."""
         return self.wait_seconds / self.wall_seconds if self.wall_seconds > 0 else 0.0
 
+    # -- hooks: called by the loader as batches arrive ------------------------
+    def begin_epoch(self, epoch):
+        """An iteration of ``epoch`` starts (the next batch is its first)."""
+
+    def record_batch(self, samples, worker, times, decode_seconds, wall_seconds):
+        """One batch delivered to the caller.
+
+        ``worker``: the id of the worker that made it, or -1 for the calling
+        process (``num_workers=0``).  ``times``: the worker's stage times in
+        nanoseconds, ``(fetch, collate, transforms, write, start)`` (start:
+        CLOCK_MONOTONIC when it took the task; 0 in-process).
+        ``decode_seconds``: the main process turning the slot into the batch.
+        ``wall_seconds``: since the previous batch was delivered.
+        """
+        self.batches += 1
+        self.samples += samples
+        self.wall_seconds += wall_seconds
+
+    def record_wait(self, seconds):
+        """The main process was blocked ``seconds`` waiting for a batch or a slot."""
+        self.wait_seconds += seconds
+
+    def record_upload(self, seconds):
+        """The main process spent ``seconds`` starting a batch's device upload."""
+
+    def end_epoch(self, epoch):
+        """The iteration of ``epoch`` has yielded its last batch."""
+        self.epochs += 1
+
     def as_dict(self):
         d = asdict(self)
         d["wait_fraction"] = self.wait_fraction

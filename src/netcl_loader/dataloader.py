@@ -584,6 +584,7 @@ class DataLoader:
                 and self._pool is not None and self._pool.alive and not it.finished):
             it.prestarted = False
             it.loader = self
+            self._stats.begin_epoch(epoch)
             it._last = time.perf_counter()
             return it
         it._abandon()
