@@ -148,16 +148,28 @@ static inline int netcl_ring_wait_gen(netcl_ring_header_t *hdr, uint32_t seen, i
     return rc;
 }
 
+/* Wake the consumer of `q` if it sleeps with entries waiting; returns the
+ * entries waiting.  The producer must call it before it blocks on anything
+ * the consumer will do (else both would wait). */
+static inline uint32_t netcl_queue_kick(netcl_queue_t *q) {
+    uint32_t waiting = q->head - netcl_load_acquire(&q->tail);
+    if (waiting && netcl_load_seq(&q->sleeping)) netcl_wake_all(&q->head);
+    return waiting;
+}
+
 /* Push `entry` on a single-producer/single-consumer queue: 0 when full.
- * A store and a release; a system call only when the consumer sleeps. */
+ * A store and a release; with `wake`, a system call when the consumer
+ * sleeps.  Without, the consumer finds the entry when it next looks (it is
+ * busy) or when kicked: a waker that batches its wakes saves a system call
+ * and a context switch per task. */
 static inline int netcl_queue_push(netcl_queue_t *q, uint32_t *entries, uint32_t qcap,
-                                   uint32_t entry) {
+                                   uint32_t entry, int wake) {
     uint32_t head = q->head; /* only the producer writes it */
     if (head - netcl_load_acquire(&q->tail) >= qcap) return 0;
     entries[head % qcap] = entry;
     netcl_store_seq(&q->head, head + 1);
     NETCL_RING_YIELD();
-    if (netcl_load_seq(&q->sleeping)) netcl_wake_all(&q->head);
+    if (wake && netcl_load_seq(&q->sleeping)) netcl_wake_all(&q->head);
     return 1;
 }
 

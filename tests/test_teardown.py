@@ -211,7 +211,6 @@ KILL_PROGRAMS = {
 }
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 @pytest.mark.parametrize("case", list(KILL_PROGRAMS))
 def test_main_sigkilled_leaves_no_orphan_and_no_ring(case, method):

@@ -155,8 +155,9 @@ int main(int argc, char **argv) {
                 bad = 1;
                 break;
             }
+            /* Half the tasks are pushed quietly and kicked before the wait. */
             while (!netcl_queue_push(&r.queues[wid], r.entries + (uint64_t)wid * r.qcap, r.qcap,
-                                     ENTRY_TASK | slot))
+                                     ENTRY_TASK | slot, (int)(rnd() & 1)))
                 sched_yield();
             pend_seq[(pend_head + pend_len) % MAX_SLOTS] = next_task;
             pend_slot[(pend_head + pend_len) % MAX_SLOTS] = slot;
@@ -165,6 +166,7 @@ int main(int argc, char **argv) {
             jitter();
         }
         if (!pend_len) break;
+        for (uint32_t w = 0; w < nworkers; w++) netcl_queue_kick(&r.queues[w]);
         uint32_t slot = pend_slot[pend_head];
         uint64_t seq = pend_seq[pend_head];
         netcl_slot_header_t *s = netcl_slot(r.hdr, slot);
@@ -219,7 +221,7 @@ int main(int argc, char **argv) {
         }
     }
     for (uint32_t w = 0; w < nworkers; w++)
-        while (!netcl_queue_push(&r.queues[w], r.entries + (uint64_t)w * r.qcap, r.qcap, ENTRY_STOP))
+        while (!netcl_queue_push(&r.queues[w], r.entries + (uint64_t)w * r.qcap, r.qcap, ENTRY_STOP, 1))
             sched_yield();
     int status_bad = 0;
     for (uint32_t w = 0; w < nworkers; w++) {

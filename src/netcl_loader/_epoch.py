@@ -82,6 +82,7 @@ class EpochIterator:
             self.pool.header.set_token(self.token)
             self.pool.reap(self.token)
             self._fill()
+            self.pool.kick_all()  # the first batches start now (an early start's point)
         else:
             loader._token = (loader._token + 1) & 0xFFFFFFFF
             self.token = loader._token
@@ -301,6 +302,7 @@ class EpochIterator:
         the timeout between slices; the time counts as the caller's wait."""
         loader, pool = self.loader, self.pool
         timeout = loader.timeout
+        pool.kick_all()  # tasks queued quietly must start before we sleep on them
         t0 = time.perf_counter()
         while True:
             slice_ms = WAIT_SLICE_MS
@@ -324,6 +326,7 @@ class EpochIterator:
         batch, or an upload completes."""
         pool, loader = self.pool, self.loader
         header = pool.header
+        pool.kick_all()
         t0 = time.perf_counter()
         while True:
             seen = header.gen()

@@ -145,6 +145,10 @@ class Pool:
         self.leases = {}
         self.procs, self.conns = [], []
         self.alive = True
+        # Quietly queued tasks per worker, and how many make a wake worth it:
+        # a worker's share of the batches in flight.
+        self.quiet = [0] * W
+        self.share = max(1, -(-loader.prefetch // max(1, W)))
         config = WorkerConfig(0, W, loader.dataset, loader.collate_fn, loader.transforms,
                               loader.worker_init_fn, loader.seed, loader.worker_seeding,
                               loader.rank, loader.world_size, loader._distributed,
@@ -202,9 +206,9 @@ class Pool:
             self.push(wid, ENTRY_REMAP | slot)
         self.stats.ring_bytes = self.ring.nbytes
 
-    def push(self, wid, entry):
-        """Queue an entry for worker ``wid`` (a store; a wake only if it sleeps)."""
-        while not self.header.push(wid, entry):
+    def push(self, wid, entry, wake=True):
+        """Queue an entry for worker ``wid`` (a store; a wake only if it sleeps and ``wake``)."""
+        while not self.header.push(wid, entry, wake):
             # Cannot happen with the queue's capacity; never spin all the same.
             self.check_alive()
             time.sleep(0.001)
@@ -223,8 +227,20 @@ class Pool:
         self.close()
         raise WorkerError(f"lost the connection to DataLoader worker {wid} (pid {p.pid})", pid=p.pid)
 
+    def kick_all(self):
+        """Wake every worker that sleeps with tasks queued (before the main process blocks)."""
+        header = self.header
+        for wid in range(len(self.procs)):
+            header.kick(wid)
+        self.quiet = [0] * len(self.procs)
+
     def dispatch(self, token, seq, epoch, indices, wid):
-        """Hand task ``seq`` (its ``indices``) and a free slot to worker ``wid``."""
+        """Hand task ``seq`` (its ``indices``) and a free slot to worker ``wid``.
+
+        The task is queued quietly: a worker that sleeps is woken once it has
+        its share of the prefetch queued (one wake per ``share`` tasks, not
+        per task), or by :meth:`kick_all` before the main process waits.
+        """
         slot = self.free[-1]
         if self.use_shared_mem and self.ring.capacity(slot) < self.slot_need:
             self.grow(slot, self.slot_need)  # may raise SharedMemoryError: the slot stays free
@@ -239,7 +255,12 @@ class Pool:
         # One C call: the task's fields, FREE -> ASSIGNED, the indices in the
         # slot's index area when they fit.
         if self.header.assign(slot, token, seq, wid + 1, epoch, idx):
-            self.push(wid, ENTRY_TASK | slot)
+            self.push(wid, ENTRY_TASK | slot, False)
+            quiet = self.quiet[wid] + 1
+            if quiet >= self.share:
+                self.header.kick(wid)
+                quiet = 0
+            self.quiet[wid] = quiet
         else:
             if idx is not None:
                 payload, flags = idx.tobytes(), 0
@@ -316,6 +337,7 @@ class Pool:
         key = (token, seq)
         if key in self.stash:
             return self.stash.pop(key)
+        self.kick_all()
         conn = self.conns[wid]
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:

@@ -73,7 +73,9 @@ cdef extern from "netcl_ring.h" nogil:
     uint64_t netcl_header_bytes(uint32_t nslots, uint32_t nqueues, uint32_t qcap, uint32_t index_bytes)
     void netcl_ring_publish(netcl_ring_header_t *hdr, netcl_slot_header_t *s, uint32_t state)
     int netcl_ring_wait_gen(netcl_ring_header_t *hdr, uint32_t seen, int timeout_ms)
-    int netcl_queue_push(netcl_queue_t *q, uint32_t *entries, uint32_t qcap, uint32_t entry)
+    int netcl_queue_push(netcl_queue_t *q, uint32_t *entries, uint32_t qcap, uint32_t entry,
+                         int wake)
+    uint32_t netcl_queue_kick(netcl_queue_t *q)
     int64_t netcl_queue_pop(netcl_queue_t *q, const uint32_t *entries, uint32_t qcap, int timeout_ms)
     int netcl_ring_assign(netcl_slot_header_t *s, char *area, uint32_t index_bytes, uint32_t token,
                           uint64_t seq, uint32_t owner, uint32_t epoch, const int64_t *indices,
@@ -102,7 +104,8 @@ cdef class RingHeader:
     cdef char *index_area
     cdef netcl_slot_header_t *slot(self, uint32_t i) except NULL
     cdef netcl_queue_t *queue(self, uint32_t q) except NULL
-    cpdef bint push(self, uint32_t q, uint32_t entry)
+    cpdef bint push(self, uint32_t q, uint32_t entry, bint wake=*)
+    cpdef uint32_t kick(self, uint32_t q)
     cpdef long pop(self, uint32_t q, int timeout_ms)
     cpdef uint32_t state(self, uint32_t i)
     cpdef bint claim(self, uint32_t i, uint32_t expected, uint32_t desired)

@@ -204,13 +204,20 @@ cdef class RingHeader:
             raise IndexError(f"queue {q} out of range for a ring with {self.nqueues} queues")
         return &self.queues[q]
 
-    cpdef bint push(self, uint32_t q, uint32_t entry):
+    cpdef bint push(self, uint32_t q, uint32_t entry, bint wake=True):
         """Append ``entry`` to queue ``q`` (producer side); False when it is full.
 
-        A store and a release, and a wake only when the consumer sleeps.
+        A store and a release, and (with ``wake``) a wake only when the
+        consumer sleeps.  Without ``wake`` the producer must :meth:`kick` the
+        queue before it blocks on the consumer.
         """
         cdef netcl_queue_t *qu = self.queue(q)
-        return netcl_queue_push(qu, self.entries + <uint64_t>q * self.qcap, self.qcap, entry)
+        return netcl_queue_push(qu, self.entries + <uint64_t>q * self.qcap, self.qcap, entry,
+                                wake)
+
+    cpdef uint32_t kick(self, uint32_t q):
+        """Wake queue ``q``'s consumer if it sleeps with entries waiting; returns their number."""
+        return netcl_queue_kick(self.queue(q))
 
     cpdef long pop(self, uint32_t q, int timeout_ms):
         """The next entry of queue ``q`` (consumer side), or -1 after ``timeout_ms``."""
