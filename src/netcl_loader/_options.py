@@ -6,28 +6,39 @@ import sys
 
 import numpy as np
 
-__all__ = ["check_positive_int", "check_callable", "is_iterable_dataset", "OUTPUTS"]
+__all__ = ["Unset", "given", "check_positive_int", "check_callable",
+           "check_nonnegative_int_or_none", "is_iterable_dataset", "OUTPUTS"]
 
 
-class _Default(int):
-    """A default value that remembers it was not passed (shows as its value)."""
+class Unset:
+    """The default of an argument whose conflicts are judged on what the caller passed
+    (``batch_size``, ``shuffle``, ``drop_last``): ``value`` is what it means when not
+    passed.  Shown as that value; the loader's signature shows the plain values."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
 
     def __repr__(self):
-        return self._shown
-
-    @classmethod
-    def make(cls, value, shown=None):
-        obj = cls(value)
-        obj._shown = shown if shown is not None else repr(value)
-        return obj
+        return repr(self.value)
 
 
-_BATCH_SIZE_DEFAULT = _Default.make(32)
-_SHUFFLE_DEFAULT = _Default.make(1, "True")
-_DROP_LAST_DEFAULT = _Default.make(0, "False")
+BATCH_SIZE = Unset(32)
+SHUFFLE = Unset(True)
+DROP_LAST = Unset(False)
+
+
+def given(value):
+    """``(passed, value)``: whether the caller passed it, and the value it means."""
+    if isinstance(value, Unset):
+        return False, value.value
+    return True, value
 
 
 def check_positive_int(name, value, minimum=1):
+    """``value`` as an int when it is an int >= ``minimum``; else TypeError or
+    ValueError naming ``name``, the value and what is expected."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
         raise (TypeError if not isinstance(value, numbers.Integral) or isinstance(value, bool)
@@ -36,8 +47,20 @@ def check_positive_int(name, value, minimum=1):
 
 
 def check_callable(name, value):
+    """TypeError naming ``name`` unless ``value`` is callable or None."""
     if value is not None and not callable(value):
         raise TypeError(f"{name} must be callable or None, got {value!r} of type {type(value).__name__}")
+
+
+def check_nonnegative_int_or_none(name, value):
+    """``value`` as an int or None; else TypeError/ValueError naming ``name``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a non-negative int or None, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be a non-negative int or None, got {value!r}")
+    return int(value)
 
 
 #: What batches are made of (SPEC section 10): None keeps tensors tensors and

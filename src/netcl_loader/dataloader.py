@@ -18,6 +18,7 @@ and the pool's lifetime.
 """
 from __future__ import annotations
 
+import inspect
 import multiprocessing
 import numbers
 import sys
@@ -26,8 +27,9 @@ import warnings
 import weakref
 
 from ._epoch import EpochIterator
-from ._options import (_BATCH_SIZE_DEFAULT, _DROP_LAST_DEFAULT, _SHUFFLE_DEFAULT, OUTPUTS,
-                       _Default, check_callable, check_positive_int, is_iterable_dataset,
+from ._options import (BATCH_SIZE, DROP_LAST, OUTPUTS, SHUFFLE, Unset, check_callable,
+                       check_nonnegative_int_or_none, check_positive_int, given,
+                       is_iterable_dataset,
                        pinning_available, seed_from)
 from ._order import (STATE_VERSION, check_state, global_order, group, index_batches,
                      length_or_none, local_order, num_batches, shard_length)
@@ -103,8 +105,8 @@ class DataLoader:
     ...             pass    # train on x (128, 3, 32, 32) float32 and y (128,) int64
     """
 
-    def __init__(self, dataset, batch_size=_BATCH_SIZE_DEFAULT, shuffle=_SHUFFLE_DEFAULT,
-                 drop_last=_DROP_LAST_DEFAULT, num_workers=4, prefetch=None, seed=None,
+    def __init__(self, dataset, batch_size=BATCH_SIZE, shuffle=SHUFFLE,
+                 drop_last=DROP_LAST, num_workers=4, prefetch=None, seed=None,
                  transforms=None, use_shared_mem=True, *, sampler=None, batch_sampler=None,
                  collate_fn=None, zero_copy=False, in_order=True, timeout=None,
                  worker_init_fn=None, multiprocessing_context=None, rank=None, world_size=None,
@@ -116,9 +118,9 @@ class DataLoader:
         if not iterable and not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
             raise TypeError(f"dataset must be a map-style dataset with __len__ and __getitem__ "
                             f"or an iterable-style one with __iter__, got {type(dataset).__name__}")
-        passed_batch_size = not isinstance(batch_size, _Default)
-        passed_shuffle = shuffle is not _SHUFFLE_DEFAULT
-        passed_drop_last = drop_last is not _DROP_LAST_DEFAULT
+        passed_batch_size, batch_size = given(batch_size)
+        passed_shuffle, shuffle = given(shuffle)
+        passed_drop_last, drop_last = given(drop_last)
         if iterable:
             if passed_shuffle and shuffle:
                 raise ValueError(f"shuffle={shuffle!r} cannot be used with an iterable-style "
@@ -131,11 +133,11 @@ class DataLoader:
         if batch_sampler is not None:
             # Judged on what the caller passed, and on whether it changes
             # anything: PyTorch code passes batch_size=1, shuffle=False, ...
-            given = (("batch_size", batch_size, passed_batch_size and batch_size != 1),
+            checks = (("batch_size", batch_size, passed_batch_size and batch_size != 1),
                      ("shuffle", shuffle, passed_shuffle and bool(shuffle)),
                      ("drop_last", drop_last, passed_drop_last and bool(drop_last)),
                      ("sampler", sampler, sampler is not None))
-            conflicts = [f"{n}={v!r}" for n, v, clash in given if clash]
+            conflicts = [f"{n}={v!r}" for n, v, clash in checks if clash]
             if conflicts:
                 raise ValueError(f"batch_sampler={batch_sampler!r} is mutually exclusive with "
                                  f"{', '.join(conflicts)}: the batch sampler decides batching "
@@ -174,11 +176,8 @@ class DataLoader:
                 raise ValueError(f"timeout must be a non-negative number of seconds or None "
                                  f"(0: no timeout), got {timeout!r}")
             timeout = None if timeout == 0 else float(timeout)  # PyTorch's 0: wait forever
+        seed = check_nonnegative_int_or_none("seed", seed)
         if seed is not None:
-            if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-                raise TypeError(f"seed must be a non-negative int or None, got {seed!r}")
-            if seed < 0:
-                raise ValueError(f"seed must be a non-negative int or None, got {seed!r}")
             if generator is not None:
                 raise ValueError(f"seed={seed!r} and generator={generator!r} both set the base "
                                  f"seed; pass one of them")
@@ -630,3 +629,12 @@ class DataLoader:
                 f"prefetch={self.prefetch}, seed={self.seed})")
 
 
+def _plain_defaults(init):
+    """``init``'s signature with the plain values of its Unset defaults (32, True, False)."""
+    sig = inspect.signature(init)
+    params = [p.replace(default=p.default.value) if isinstance(p.default, Unset) else p
+              for p in sig.parameters.values()]
+    return sig.replace(parameters=params)
+
+
+DataLoader.__init__.__signature__ = _plain_defaults(DataLoader.__init__)
