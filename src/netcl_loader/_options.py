@@ -40,7 +40,7 @@ def check_positive_int(name, value, minimum=1):
     """``value`` as an int when it is an int >= ``minimum``; else TypeError or
     ValueError naming ``name``, the value and what is expected."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        what = {1: "a positive int", 0: "a non-negative int"}.get(minimum, f"an int >= {minimum}")
         raise (TypeError if not isinstance(value, numbers.Integral) or isinstance(value, bool)
                else ValueError)(f"{name} must be {what}, got {value!r}")
     return int(value)

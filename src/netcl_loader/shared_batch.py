@@ -29,6 +29,7 @@ import numpy as np
 from ._collate import (array_as_tensor, is_tensor, same_mapping, tensor_as_array,
                        tensor_dtype_info, torch_dtype, torch_dtype_name, torch_holds,
                        torch_module)
+from ._options import check_positive_int
 from ._ring import (ASSIGNED, CANCELLED, FREE, PAGE_BYTES, PIPED, READY, RingHeader,
                     Segment, SharedMemoryError)
 
@@ -855,10 +856,8 @@ class SharedBatchRingBuffer:
             self._caps = [0 if s is None else s.nbytes for s in self._segments]
             self._closed = False
             return
-        if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots < 1:
-            raise ValueError(f"num_slots must be a positive int, got {num_slots!r}")
-        if isinstance(slot_bytes, bool) or not isinstance(slot_bytes, int) or slot_bytes < 0:
-            raise ValueError(f"slot_bytes must be a non-negative int, got {slot_bytes!r}")
+        num_slots = check_positive_int("num_slots", num_slots)
+        slot_bytes = check_positive_int("slot_bytes", slot_bytes, minimum=0)
         total = round_slot_bytes(slot_bytes) * num_slots if slot_bytes else 0
         check_reservable(total, f"a ring of {num_slots} slots of {slot_bytes} bytes",
                          "use fewer or smaller slots (lower batch_size or prefetch)")
