@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import pickle
 import signal
-import sys
 import threading
 import time
 import weakref
@@ -13,7 +12,7 @@ import numpy as np
 
 from ._protocol import (ENTRY_PIPED_TASK, ENTRY_REMAP, ENTRY_STOP, ENTRY_TASK,
                         FLAG_PICKLED_INDICES, KIND_REMAP, KIND_TASK, TASK_HEADER)
-from ._ring import CANCELLED, FREE, PIPED, READY
+from ._ring import CANCELLED, PIPED, READY
 from ._worker import Lifeline, WorkerConfig, worker_loop
 from .shared_batch import SharedBatchRingBuffer
 
@@ -254,7 +253,7 @@ class Pool:
             idx = None  # not all ints (a sampler's keys): pickled on the pipe
         # One C call: the task's fields, FREE -> ASSIGNED, the indices in the
         # slot's index area when they fit.
-        if self.header.assign(slot, token, seq, wid + 1, epoch, idx):
+        if self.ring.assign(slot, wid + 1, seq, idx, token, epoch):
             self.push(wid, ENTRY_TASK | slot, False)
             quiet = self.quiet[wid] + 1
             if quiet >= self.share:
@@ -272,7 +271,7 @@ class Pool:
 
     def refs(self, slot):
         """References to the region of ``slot`` (each array made from it holds one)."""
-        return sys.getrefcount(self.ring._segments[slot])
+        return self.ring.refs(slot)
 
     def lease(self, slot, kind, value=None):
         """Hand ``slot`` to the caller until ``kind``'s condition holds (see LEASE_*)."""
@@ -325,7 +324,7 @@ class Pool:
 
     def release(self, slot):
         self.slot_task[slot] = None
-        self.header.publish(slot, FREE)
+        self.ring.free(slot)
         self.free.append(slot)
 
     def recv(self, wid, token, seq, timeout=None):

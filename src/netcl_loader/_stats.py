@@ -1,14 +1,331 @@
-"""LoaderStats: what a DataLoader counts and measures (``loader.stats``)."""
+"""LoaderStats: what a DataLoader counts and measures (``loader.stats``), and its verdict.
+
+Where the figures come from:
+
+- each worker times, per batch, its four stages (fetch, collate, transforms,
+  write) and sends them with the batch's result record in the slot header;
+  in-process (``num_workers=0``) the calling process times the first three;
+- the main process times its waits (for a batch, for a free slot, for the
+  device; in-process, making the batch), decoding each batch from its slot,
+  uploads, and the wall time between two deliveries (which holds the caller's
+  step).
+
+The hooks run on the main process's hot path once per batch, so they only
+append the raw figures to a list; medians, percentiles, per-worker windows
+and the verdict are computed when asked for, and the list is folded into
+running totals and a bounded window of recent batches every
+:data:`FOLD_BATCHES` batches, so memory stays bounded however long the run.
+"""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+import os
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
 
-__all__ = ["LoaderStats"]
+import numpy as np
+
+__all__ = ["LoaderStats", "EpochRecord", "StageTime", "WorkerFigures", "Verdict",
+           "CpuLimits", "cpu_limits", "available_cpus", "STAGES", "WORKER_STAGES",
+           "LOADER_BOUND_FRACTION", "WORKERS_SATURATED_FRACTION", "RECENT_BATCHES"]
+
+#: The worker's stages, in the order of the slot header's times.
+WORKER_STAGES = ("fetch", "collate", "transforms", "write")
+#: Every stage ``stats.stages`` reports: the worker's, then the main process's.
+STAGES = WORKER_STAGES + ("worker", "wait", "decode", "upload", "wall")
+
+#: What each worker stage times, as the verdict names it.
+STAGE_WHAT = {
+    "fetch": "fetch (the dataset's __getitem__/__getitems__/gather_batch)",
+    "collate": "collate (collate_fn or the default collation)",
+    "transforms": "transforms",
+    "write": "write (the batch into its shared-memory slot)",
+}
+
+#: Batches kept for per-batch medians and p95 and for the plot: 4096 of them
+#: cover a few epochs of a typical run and cost 0.4 MiB.
+RECENT_BATCHES = 4096
+#: The raw per-batch figures are folded into totals every this many batches:
+#: a fold costs about 0.2 ms, so its share per batch stays far below 1 us.
+FOLD_BATCHES = 1024
+#: Finished epochs kept in ``stats.history`` (a record is about 200 bytes).
+HISTORY_EPOCHS = 100_000
+
+#: The loop is loader-bound when, in steady state, more than this share of
+#: its wall time goes to getting data (waiting for batches, decoding them,
+#: starting uploads).  Below it, even a loader that took no time at all
+#: would speed the loop up by less than 1 / (1 - 0.10) = 1.11x, and a
+#: step-bound loop's own measurement noise (wake-ups, decoding a batch)
+#: stays well under it.
+LOADER_BOUND_FRACTION = 0.10
+#: Workers count as saturated when busy more than this share of their
+#: elapsed time: the rest goes to waiting for a free slot or a new task,
+#: which a loader-bound loop keeps short.
+WORKERS_SATURATED_FRACTION = 0.80
+#: The loop's time per batch below which its step counts as empty (a
+#: benchmark loop): the advice is then "as many workers as CPUs".
+EMPTY_STEP_SECONDS = 1e-4
+
+_NS = 1e-9
+
+# One row per delivered batch (the window of recent batches).
+_ROW = np.dtype([
+    ("iteration", np.int64),     # iterations started since the last reset (0-based; -1: none)
+    ("epoch", np.int64),         # the epoch number given to begin_epoch
+    ("first", np.bool_),         # the first batch of its iteration (pool start, pipeline fill)
+    ("worker", np.int64),        # worker id, -1 in-process
+    ("samples", np.int64),
+    ("fetch_ns", np.int64),
+    ("collate_ns", np.int64),
+    ("transforms_ns", np.int64),
+    ("write_ns", np.int64),
+    ("start_ns", np.int64),      # CLOCK_MONOTONIC when the worker took the task (0 in-process)
+    ("wait", np.float64),        # seconds the main process waited for this batch
+    ("decode", np.float64),      # seconds turning its slot into the batch
+    ("upload", np.float64),      # seconds starting its device upload
+    ("wall", np.float64),        # seconds since the previous delivery (holds the step)
+    ("time", np.float64),        # loop seconds since the reset, at delivery
+])
+
+
+# --------------------------------------------------------------------------
+# CPUs this process may use
+
+
+@dataclass(frozen=True)
+class CpuLimits:
+    """The CPUs of the machine and what this process may use of them.
+
+    Attributes
+    ----------
+    machine : int
+        ``os.cpu_count()``.
+    affinity : int
+        CPUs in this process's affinity mask (``os.sched_getaffinity``; ``taskset``,
+        ``docker --cpuset-cpus``).
+    quota : float or None
+        The cgroup's CPU quota in CPUs (``docker --cpus``, Kubernetes limits), None
+        when unlimited or unknown.
+    usable : int
+        ``min(affinity, floor(quota))``, at least 1: the CPUs workers can run on
+        at once.
+    """
+
+    machine: int
+    affinity: int
+    quota: float | None
+    usable: int
+
+
+def _cgroup_quota_cpus():
+    """The tightest cgroup CPU quota over this process's cgroup and its parents, in
+    CPUs; None when there is none or it cannot be read (not Linux)."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    quotas = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        path = path.strip("/")
+        if controllers == "":  # cgroup v2: <dir>/cpu.max holds "<quota|max> <period>"
+            roots, names = ["/sys/fs/cgroup"], ("cpu.max",)
+        elif "cpu" in controllers.split(","):  # cgroup v1
+            roots = ["/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"]
+            names = ("cpu.cfs_quota_us", "cpu.cfs_period_us")
+        else:
+            continue
+        for root in roots:
+            # Inside a container the path may name the host's hierarchy, which
+            # is not mounted there: walk up to the mount's root.
+            rel = path
+            while True:
+                q = _read_quota(os.path.join(root, rel), names)
+                if q is not None:
+                    quotas.append(q)
+                if not rel:
+                    break
+                rel = os.path.dirname(rel)
+    return min(quotas) if quotas else None
+
+
+def _read_quota(directory, names):
+    try:
+        if len(names) == 1:
+            with open(os.path.join(directory, names[0])) as f:
+                quota, period = f.read().split()[:2]
+            if quota == "max":
+                return None
+        else:
+            with open(os.path.join(directory, names[0])) as f:
+                quota = f.read().strip()
+            with open(os.path.join(directory, names[1])) as f:
+                period = f.read().strip()
+        quota, period = int(quota), int(period)
+    except (OSError, ValueError):
+        return None
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def cpu_limits():
+    """The CPUs of this machine and those this process may use.
+
+    Returns
+    -------
+    CpuLimits
+    """
+    machine = os.cpu_count() or 1
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # macOS, Windows
+        affinity = machine
+    quota = _cgroup_quota_cpus()
+    usable = affinity if quota is None else min(affinity, int(quota))
+    return CpuLimits(machine, affinity, quota, max(1, usable))
+
+
+def available_cpus():
+    """CPUs this process may use at once (affinity mask and cgroup quota), at least 1."""
+    return cpu_limits().usable
+
+
+# --------------------------------------------------------------------------
+# Records
+
+
+@dataclass(frozen=True)
+class EpochRecord:
+    """One finished epoch (an entry of ``stats.history``).
+
+    ``seconds`` runs from the iteration's start to its last batch, the caller's
+    steps included; ``wait_fraction`` is the share of it the main process
+    waited for data.
+    """
+
+    epoch: int
+    batches: int
+    samples: int
+    seconds: float
+    batches_per_second: float
+    wait_fraction: float
+
+
+@dataclass(frozen=True)
+class StageTime:
+    """One stage's time: the total since the last reset, and the median and 95th
+    percentile per batch over the last :data:`RECENT_BATCHES` batches, in seconds."""
+
+    total_seconds: float
+    median_seconds: float
+    p95_seconds: float
+
+
+@dataclass(frozen=True)
+class WorkerFigures:
+    """One worker's figures since the last reset.
+
+    ``busy_fraction`` is ``busy_seconds / elapsed_seconds``: the worker's stage
+    times over the time from its first task to the end of its last, per
+    iteration (time before an iteration started, spent on prefetching it, is
+    left out of both).  ``worker`` is -1 for batches made in-process.
+    """
+
+    worker: int
+    batches: int
+    busy_seconds: float
+    elapsed_seconds: float
+    busy_fraction: float | None
+    fetch_seconds: float
+    collate_seconds: float
+    transforms_seconds: float
+    write_seconds: float
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Which side limits throughput, by how much, and what to change.
+
+    Attributes
+    ----------
+    bottleneck : {"loader", "step"} or None
+        None before any batch.
+    loader_fraction : float
+        Steady-state share of the loop's wall time spent getting data (waiting,
+        decoding, starting uploads); above :data:`LOADER_BOUND_FRACTION` the
+        loader is the bottleneck.
+    headline : str
+        ``"the loader is the bottleneck"`` or ``"the training step is the bottleneck"``.
+    reason : str
+        The figures behind the verdict.
+    advice : str
+        What to change.
+    figures : dict
+        The numbers used (JSON-serialisable).
+    """
+
+    bottleneck: str | None
+    loader_fraction: float
+    headline: str
+    reason: str
+    advice: str
+    figures: dict = field(default_factory=dict)
+
+    def __str__(self):
+        return f"{self.headline}: {self.reason}; {self.advice}"
+
+
+def _pct(x):
+    return f"{100 * x:.0f}%"
+
+
+def _ms(seconds):
+    return f"{1e3 * seconds:.3g} ms"
+
+
+# --------------------------------------------------------------------------
 
 
 @dataclass
 class LoaderStats:
-    """Counters of one DataLoader (``loader.stats``)."""
+    """Counters, stage times and a verdict of one DataLoader (``loader.stats``).
+
+    Attributes
+    ----------
+    batches, samples, epochs : int
+        Delivered batches and samples, and finished epochs, since the last reset.
+    wait_seconds : float
+        Seconds the main process was blocked waiting for batches (or a free slot,
+        or the device; in-process: making the batches).
+    wall_seconds : float
+        Seconds from the start of each iteration to its last delivered batch,
+        summed: the loop's time, its steps included.
+    ring_slots, ring_bytes : int
+        The ring's current size (kept by :meth:`reset`).
+    piped_batches, uploads, upload_fallbacks, worker_restarts : int
+        Batches that came through a pipe, device uploads, uploads that fell
+        back to NumPy, pools restarted after a worker died.
+    num_workers, prefetch : int or None
+        Set by the loader where it knows them; otherwise ``num_workers`` is
+        inferred from the worker ids seen.
+
+    The measured figures: :attr:`stages`, :attr:`workers`,
+    :attr:`worker_busy_fraction`, :attr:`history`, :attr:`bottleneck`,
+    :attr:`verdict`, :meth:`summary`, :meth:`report`, :meth:`as_dict`,
+    :meth:`plot`, :meth:`recent_batches`; :meth:`reset` starts them afresh.
+
+    Examples
+    --------
+    >>> loader = DataLoader(dataset, batch_size=64, num_workers=2)  # doctest: +SKIP
+    >>> for batch in loader:                                        # doctest: +SKIP
+    ...     step(batch)
+    >>> print(loader.stats.summary())                               # doctest: +SKIP
+    >>> loader.stats.plot("stats.png")                              # doctest: +SKIP
+    """
 
     batches: int = 0
     samples: int = 0
@@ -21,15 +338,47 @@ class LoaderStats:
     uploads: int = 0
     upload_fallbacks: int = 0
     worker_restarts: int = 0
+    num_workers: int | None = None
+    prefetch: int | None = None
+
+    def __post_init__(self):
+        self._clear()
+
+    def _clear(self):
+        # Hot path: one tuple per batch, folded every FOLD_BATCHES batches.
+        self._raw = []
+        self._upload_seconds = 0.0           # running total; the raw rows hold it cumulatively
+        self._recent = np.zeros(0, _ROW)     # the last RECENT_BATCHES rows
+        self._rows = 0                       # rows folded so far
+        self._last_wait = 0.0                # cumulative wait and upload at the last folded row
+        self._last_upload = 0.0
+        self._last_time = 0.0
+        # Iterations: (row index of its first batch, epoch, begin ns); only the
+        # ones that rows still to be folded may belong to are kept.
+        self._marks = []
+        self._iterations = 0
+        self._open = None                    # (epoch, batches, samples, wall, wait) at begin_epoch
+        # Running totals.
+        self._stage_ns = np.zeros(len(WORKER_STAGES), np.int64)
+        self._main_seconds = np.zeros(3)     # decode, upload, wall over folded rows
+        self._per_worker = {}                # id -> int64 [batches, fetch, collate, transforms, write]
+        self._closed_busy = {}               # id -> ns busy in finished windows
+        self._closed_span = {}               # id -> ns elapsed in finished windows
+        self._windows = {}                   # id -> [iteration, start ns, end ns, busy ns]
+        self._history = deque(maxlen=HISTORY_EPOCHS)
 
     @property
     def wait_fraction(self):
-        """Share of wall time the main process waited for batches (1.0: the loader is the bottleneck)."""
+        """Share of wall time the main process waited for batches (since the last reset)."""
         return self.wait_seconds / self.wall_seconds if self.wall_seconds > 0 else 0.0
 
     # -- hooks: called by the loader as batches arrive ------------------------
     def begin_epoch(self, epoch):
         """An iteration of ``epoch`` starts (the next batch is its first)."""
+        self._marks.append((self._rows + len(self._raw), int(epoch), time.perf_counter_ns()))
+        self._iterations += 1
+        self._open = (int(epoch), self.batches, self.samples, self.wall_seconds,
+                      self.wait_seconds)
 
     def record_batch(self, samples, worker, times, decode_seconds, wall_seconds):
         """One batch delivered to the caller.
@@ -44,6 +393,13 @@ class LoaderStats:
         self.batches += 1
         self.samples += samples
         self.wall_seconds += wall_seconds
+        # The waits and uploads since the previous batch are this batch's:
+        # the running totals go in, the differences are taken when folding.
+        raw = self._raw
+        raw.append((worker, times, decode_seconds, wall_seconds, samples,
+                    self.wait_seconds, self._upload_seconds))
+        if len(raw) >= FOLD_BATCHES:
+            self._fold()
 
     def record_wait(self, seconds):
         """The main process was blocked ``seconds`` waiting for a batch or a slot."""
@@ -51,20 +407,365 @@ class LoaderStats:
 
     def record_upload(self, seconds):
         """The main process spent ``seconds`` starting a batch's device upload."""
+        self._upload_seconds += seconds
 
     def end_epoch(self, epoch):
         """The iteration of ``epoch`` has yielded its last batch."""
         self.epochs += 1
+        if self._open is not None:
+            ep, b0, s0, wall0, wait0 = self._open
+            batches = self.batches - b0
+            seconds = self.wall_seconds - wall0
+            self._history.append(EpochRecord(
+                int(epoch), batches, self.samples - s0, seconds,
+                batches / seconds if seconds > 0 else 0.0,
+                (self.wait_seconds - wait0) / seconds if seconds > 0 else 0.0))
+        self._open = None
 
+    def reset(self):
+        """Start every measured figure afresh (counters, stage times, history).
+
+        The ring's size (``ring_slots``, ``ring_bytes``) and ``num_workers`` /
+        ``prefetch`` describe the loader, not the run, and are kept.  An
+        iteration under way goes on being measured from here.
+        """
+        open_epoch = self._open[0] if self._open is not None else None
+        self.batches = self.samples = self.epochs = 0
+        self.wait_seconds = self.wall_seconds = 0.0
+        self.piped_batches = self.uploads = self.upload_fallbacks = self.worker_restarts = 0
+        self._clear()
+        if open_epoch is not None:
+            # Tasks the workers started before the reset count from here.
+            self.begin_epoch(open_epoch)
+
+    # -- folding the raw rows ---------------------------------------------------
+    def _fold(self):
+        raw, self._raw = self._raw, []
+        n = len(raw)
+        if n == 0:
+            return
+        worker, times, decode, wall, samples, cum_wait, cum_upload = zip(*raw)
+        t = np.array(times, np.int64).reshape(n, 5)
+        rows = np.zeros(n, _ROW)
+        rows["worker"] = worker
+        rows["samples"] = samples
+        for k, stage in enumerate(WORKER_STAGES):
+            rows[stage + "_ns"] = t[:, k]
+        rows["start_ns"] = t[:, 4]
+        rows["decode"] = decode
+        rows["wall"] = wall
+        cw = np.array(cum_wait)
+        cu = np.array(cum_upload)
+        rows["wait"] = np.diff(cw, prepend=self._last_wait)
+        rows["upload"] = np.diff(cu, prepend=self._last_upload)
+        rows["time"] = self._last_time + np.cumsum(rows["wall"])
+        self._last_wait, self._last_upload = float(cw[-1]), float(cu[-1])
+        self._last_time = float(rows["time"][-1])
+
+        # Which iteration each row belongs to.
+        index = self._rows + np.arange(n)
+        marks = self._marks
+        begin_ns = np.zeros(n, np.int64)
+        if marks:
+            starts = np.array([m[0] for m in marks], np.int64)
+            k = np.searchsorted(starts, index, side="right") - 1
+            have = k >= 0
+            kk = np.maximum(k, 0)
+            first_iter = self._iterations - len(marks)
+            rows["iteration"] = np.where(have, first_iter + kk, -1)
+            rows["epoch"] = np.where(have, np.array([m[1] for m in marks])[kk], -1)
+            rows["first"] = have & (starts[kk] == index)
+            begin_ns = np.where(have, np.array([m[2] for m in marks], np.int64)[kk], 0)
+            # Rows still to come belong to the last iteration at most.
+            self._marks = marks[-1:]
+        else:
+            rows["iteration"] = -1
+            rows["epoch"] = -1
+        self._rows += n
+
+        # Totals.
+        stage = t[:, :4]
+        self._stage_ns += stage.sum(axis=0)
+        self._main_seconds += (rows["decode"].sum(), rows["upload"].sum(), rows["wall"].sum())
+        ids = rows["worker"]
+        for w in np.unique(ids).tolist():
+            sel = ids == w
+            acc = self._per_worker.setdefault(w, np.zeros(5, np.int64))
+            acc[0] += int(sel.sum())
+            acc[1:] += stage[sel].sum(axis=0)
+        self._fold_windows(rows, stage.sum(axis=1), begin_ns)
+
+        recent = np.concatenate((self._recent, rows)) if len(self._recent) else rows
+        self._recent = recent[-RECENT_BATCHES:]
+
+    def _fold_windows(self, rows, busy, begin_ns):
+        """Per worker and iteration: the elapsed window (first task's start, clipped
+        to the iteration's start, to the last task's end) and the busy time in it."""
+        sel = (rows["worker"] >= 0) & (rows["start_ns"] > 0)
+        if not sel.any():
+            return
+        ids = rows["worker"][sel]
+        iters = rows["iteration"][sel]
+        start = rows["start_ns"][sel]
+        dur = busy[sel]
+        end = start + dur
+        # A task started before its iteration began (prefetched while the
+        # caller was between epochs) counts only from the iteration's start.
+        lo = np.maximum(start, begin_ns[sel])
+        inside = np.clip(end - lo, 0, dur)
+        keys = np.stack((iters, ids), axis=1)
+        groups, inverse = np.unique(keys, axis=0, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        g_start = np.full(len(groups), np.iinfo(np.int64).max)
+        g_end = np.full(len(groups), np.iinfo(np.int64).min)
+        np.minimum.at(g_start, inverse, lo)
+        np.maximum.at(g_end, inverse, end)
+        g_busy = np.bincount(inverse, weights=inside, minlength=len(groups))
+        for (it, w), s, e, b in zip(groups.tolist(), g_start.tolist(), g_end.tolist(),
+                                    g_busy.tolist()):
+            win = self._windows.get(w)
+            if win is not None and win[0] == it:
+                win[1] = min(win[1], s)
+                win[2] = max(win[2], e)
+                win[3] += b
+                continue
+            if win is not None:
+                self._close_window(w, win)
+            self._windows[w] = [it, s, e, b]
+
+    def _close_window(self, w, win):
+        self._closed_busy[w] = self._closed_busy.get(w, 0.0) + win[3]
+        self._closed_span[w] = self._closed_span.get(w, 0.0) + max(win[2] - win[1], 0)
+
+    # -- figures ------------------------------------------------------------------
+    def recent_batches(self):
+        """The last :data:`RECENT_BATCHES` batches, one row each (a copy).
+
+        Returns
+        -------
+        numpy.ndarray
+            A structured array with fields ``iteration``, ``epoch``, ``first``
+            (first batch of its iteration), ``worker`` (-1 in-process),
+            ``samples``, ``fetch_ns``, ``collate_ns``, ``transforms_ns``,
+            ``write_ns``, ``start_ns`` (the worker's CLOCK_MONOTONIC when it took
+            the task, 0 in-process), and in seconds ``wait``, ``decode``,
+            ``upload``, ``wall`` (since the previous delivery) and ``time``
+            (loop time since the last reset, at delivery).
+        """
+        self._fold()
+        return self._recent.copy()
+
+    def _steady(self):
+        """The recent rows that are not the first of their iteration (which hold the
+        pool start and the pipeline fill); all recent rows if that leaves none."""
+        self._fold()
+        rows = self._recent
+        steady = rows[~rows["first"]]
+        return steady if len(steady) else rows
+
+    @property
+    def stages(self):
+        """Per-stage times: ``{stage: StageTime}``.
+
+        Stages: ``fetch``, ``collate``, ``transforms``, ``write`` (in the worker;
+        in-process the first three), ``worker`` (their sum: the worker's busy
+        time for the batch), and in the main process ``wait``, ``decode``,
+        ``upload`` and ``wall`` (the time between two deliveries).
+        """
+        self._fold()
+        rows = self._recent
+        worker_ns = (rows["fetch_ns"] + rows["collate_ns"] + rows["transforms_ns"]
+                     + rows["write_ns"])
+        per_batch = {s: rows[s + "_ns"] * _NS for s in WORKER_STAGES}
+        per_batch["worker"] = worker_ns * _NS
+        for s in ("wait", "decode", "upload", "wall"):
+            per_batch[s] = rows[s]
+        totals = {s: float(v) * _NS for s, v in zip(WORKER_STAGES, self._stage_ns.tolist())}
+        totals["worker"] = float(self._stage_ns.sum()) * _NS
+        totals["wait"] = float(self.wait_seconds)
+        totals["decode"] = float(self._main_seconds[0])
+        totals["upload"] = float(self._upload_seconds)
+        totals["wall"] = float(self.wall_seconds)
+        out = {}
+        for s in STAGES:
+            v = per_batch[s]
+            if len(v):
+                med, p95 = np.percentile(v, (50, 95)).tolist()
+            else:
+                med = p95 = 0.0
+            out[s] = StageTime(totals[s], float(med), float(p95))
+        return out
+
+    @property
+    def workers(self):
+        """Per-worker figures, ``{worker id: WorkerFigures}`` (-1: made in-process)."""
+        self._fold()
+        out = {}
+        for w in sorted(self._per_worker):
+            acc = self._per_worker[w].tolist()
+            busy = self._closed_busy.get(w, 0.0)
+            span = self._closed_span.get(w, 0.0)
+            win = self._windows.get(w)
+            if win is not None:
+                busy += win[3]
+                span += max(win[2] - win[1], 0)
+            frac = None
+            if w >= 0 and span > 0:
+                frac = min(1.0, busy / span)
+            elif w < 0:
+                busy = float(sum(acc[1:]))
+                span = 0.0
+            out[w] = WorkerFigures(int(w), int(acc[0]), busy * _NS, span * _NS, frac,
+                                   *(v * _NS for v in acc[1:]))
+        return out
+
+    @property
+    def worker_busy_fraction(self):
+        """The workers' busy time over their elapsed time, all workers together
+        (None without worker processes)."""
+        busy = span = 0.0
+        for f in self.workers.values():
+            if f.worker >= 0 and f.busy_fraction is not None:
+                busy += f.busy_seconds
+                span += f.elapsed_seconds
+        return busy / span if span > 0 else None
+
+    @property
+    def history(self):
+        """One :class:`EpochRecord` per finished epoch since the last reset."""
+        return list(self._history)
+
+    def _workers_seen(self):
+        if self.num_workers is not None:
+            return self.num_workers
+        ids = [w for w in self._per_worker if w >= 0]
+        return max(ids) + 1 if ids else 0
+
+    @property
+    def bottleneck(self):
+        """``"loader"`` or ``"step"``: the side that limits throughput (None before any batch)."""
+        return self.verdict.bottleneck
+
+    @property
+    def verdict(self):
+        """:class:`Verdict`: which side limits throughput, by how much, what to change."""
+        rows = self._steady()
+        if len(rows) == 0:
+            return Verdict(None, 0.0, "no batch yet", "nothing measured", "iterate the loader",
+                           {})
+        wall = float(rows["wall"].sum())
+        wait = float(rows["wait"].sum())
+        main = float(rows["decode"].sum() + rows["upload"].sum())
+        n = len(rows)
+        loader_frac = min(1.0, (wait + main) / wall) if wall > 0 else 1.0
+        worker_ns = (rows["fetch_ns"] + rows["collate_ns"] + rows["transforms_ns"]
+                     + rows["write_ns"])
+        stage_med = {s: float(np.median(rows[s + "_ns"])) * _NS for s in WORKER_STAGES}
+        t_worker = float(np.median(worker_ns)) * _NS
+        # The loop's own time per batch: its step (and Python around it).
+        t_loop = max(0.0, (wall - wait - main) / n)
+        t_main = main / n
+        cpus = cpu_limits()
+        W = self._workers_seen()
+        busy = self.worker_busy_fraction
+        slowest = max(WORKER_STAGES, key=lambda s: stage_med[s])
+        figures = {
+            "batches_measured": n, "loader_fraction": loader_frac,
+            "wait_fraction": wait / wall if wall > 0 else 0.0,
+            "threshold": LOADER_BOUND_FRACTION, "num_workers": W, "prefetch": self.prefetch,
+            "cpus": cpus.usable, "cpus_machine": cpus.machine,
+            "worker_busy_fraction": busy, "saturated_above": WORKERS_SATURATED_FRACTION,
+            "worker_seconds_per_batch": t_worker, "step_seconds_per_batch": t_loop,
+            "main_seconds_per_batch": t_main, "slowest_stage": slowest,
+            "stage_median_seconds": stage_med,
+        }
+        share = (f"in steady state the loop spends {_pct(loader_frac)} of its time getting "
+                 f"data (waiting {_pct(figures['wait_fraction'])}; threshold "
+                 f"{_pct(LOADER_BOUND_FRACTION)})")
+        stage_text = (f"its slowest stage is {STAGE_WHAT[slowest]}, {_ms(stage_med[slowest])} "
+                      f"of {_ms(t_worker)} per batch")
+        if loader_frac <= LOADER_BOUND_FRACTION:
+            if W > 0 and busy is not None:
+                idle = f"the loader idles {_pct(1 - busy)} of the time ({W} workers busy {_pct(busy)})"
+            else:
+                idle = f"the loader idles {_pct(1 - loader_frac)} of the loop's time"
+            return Verdict("step", loader_frac, "the training step is the bottleneck",
+                           f"{share}; {idle}",
+                           "nothing to change in the loader: a faster step runs faster", figures)
+        speedup = 1 / (1 - loader_frac) if loader_frac < 1 else math.inf
+        by = (f"data at once would make the loop {speedup:.1f}x faster" if speedup < 100
+              else "the loop does little besides waiting")
+        reason = f"{share}; {by}"
+        needed = t_worker / (t_loop + t_main) if t_loop + t_main > EMPTY_STEP_SECONDS else math.inf
+        figures["workers_needed"] = needed if math.isfinite(needed) else None
+        C = cpus.usable
+        if W == 0:
+            reason += f"; batches are made in this process, in series with the step; {stage_text}"
+            if C > 1:
+                want = C if not math.isfinite(needed) else max(1, min(C, math.ceil(needed)))
+                advice = (f"more workers would help: num_workers={want} makes batches in "
+                          f"parallel with the step ({C} CPUs usable)")
+            else:
+                advice = (f"workers cannot help on the 1 CPU this process may use: the "
+                          f"dataset's own code is the cost; make {slowest} cheaper")
+            return Verdict("loader", loader_frac, "the loader is the bottleneck", reason,
+                           advice, figures)
+        reason += f"; {W} workers busy {_pct(busy or 0.0)} on {C} usable CPUs; {stage_text}"
+        if busy is not None and busy >= WORKERS_SATURATED_FRACTION:
+            if W < C:
+                want = C if not math.isfinite(needed) else min(C, max(W + 1, math.ceil(needed)))
+                advice = (f"more workers would help: the {W} workers are saturated and this "
+                          f"process may use {C} CPUs; try num_workers={want}")
+            else:
+                advice = (f"more workers cannot help: {W} workers already use the {C} CPUs; "
+                          f"the dataset's own code is the cost: make {slowest} cheaper (if it "
+                          f"waits on I/O rather than computing, more workers than CPUs may "
+                          f"still help: netcl_loader.tune measures it)")
+            return Verdict("loader", loader_frac, "the loader is the bottleneck", reason,
+                           advice, figures)
+        # The loop waits although the workers idle: the cost is between them.
+        piped = self.piped_batches / self.batches if self.batches else 0.0
+        if piped > 0.1:
+            advice = (f"{_pct(piped)} of the batches came through pipes: keep "
+                      f"use_shared_mem=True and a steady batch size, so they go through "
+                      f"the ring")
+        elif main > wait:
+            advice = (f"the main process's own work on each batch is the cost (decode "
+                      f"{_ms(float(np.median(rows['decode'])))}, upload "
+                      f"{_ms(float(np.median(rows['upload'])))} per batch): zero_copy=True "
+                      f"avoids a copy")
+        else:
+            pf = f" (now {self.prefetch})" if self.prefetch is not None else ""
+            load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+            advice = (f"the workers idle while the loop waits: too few batches in flight, "
+                      f"raise prefetch{pf}; or other processes compete for the CPUs (load "
+                      f"average {load:.1f} on {cpus.machine} CPUs)")
+        return Verdict("loader", loader_frac, "the loader is the bottleneck", reason, advice,
+                       figures)
+
+    # -- output ---------------------------------------------------------------------
     def as_dict(self):
-        d = asdict(self)
+        """Every figure as a JSON-serialisable dict (for TensorBoard, W&B, a log line)."""
+        d = {k: getattr(self, k) for k in (
+            "batches", "samples", "epochs", "wait_seconds", "wall_seconds", "ring_slots",
+            "ring_bytes", "piped_batches", "uploads", "upload_fallbacks", "worker_restarts",
+            "num_workers", "prefetch")}
         d["wait_fraction"] = self.wait_fraction
-        return d
+        d["stages"] = {k: asdict(v) for k, v in self.stages.items()}
+        d["workers"] = [asdict(v) for v in self.workers.values()]
+        d["worker_busy_fraction"] = self.worker_busy_fraction
+        d["history"] = [asdict(r) for r in self._history]
+        v = self.verdict
+        d["bottleneck"] = v.bottleneck
+        d["verdict"] = {"bottleneck": v.bottleneck, "loader_fraction": v.loader_fraction,
+                        "headline": v.headline, "reason": v.reason, "advice": v.advice,
+                        "figures": v.figures}
+        return _plain(d)
 
     def summary(self):
-        """One line for humans."""
-        verdict = ("the loader is the bottleneck" if self.wait_fraction > 0.5 else
-                   "the training step is the bottleneck")
+        """One line for humans: counts, the waited share and the verdict with its advice."""
+        v = self.verdict
+        verdict = str(v) if v.bottleneck is not None else "no batch yet"
         return (f"{self.batches} batches ({self.samples} samples) in {self.epochs} epochs; "
                 f"waited {self.wait_seconds:.3f} s of {self.wall_seconds:.3f} s "
                 f"({100 * self.wait_fraction:.1f}%: {verdict}); ring {self.ring_slots} slots, "
@@ -72,5 +773,113 @@ class LoaderStats:
                 f"{self.uploads} uploads, {self.upload_fallbacks} fallbacks; "
                 f"{self.worker_restarts} worker restarts")
 
+    def report(self):
+        """A few lines for humans: the verdict, per-stage and per-worker tables, epochs."""
+        lines = [self.summary(), "",
+                 f"{'stage':<11} {'total s':>9} {'median ms':>10} {'p95 ms':>9}"]
+        for name, s in self.stages.items():
+            lines.append(f"{name:<11} {s.total_seconds:>9.3f} {1e3 * s.median_seconds:>10.3f} "
+                         f"{1e3 * s.p95_seconds:>9.3f}")
+        ws = self.workers
+        if ws:
+            lines += ["", f"{'worker':>6} {'batches':>8} {'busy':>6} " + " ".join(
+                f"{s + ' s':>13}" for s in WORKER_STAGES)]
+            for f in ws.values():
+                busy = "-" if f.busy_fraction is None else _pct(f.busy_fraction)
+                lines.append(f"{f.worker:>6} {f.batches:>8} {busy:>6} " + " ".join(
+                    f"{getattr(f, s + '_seconds'):>13.3f}" for s in WORKER_STAGES))
+        if self._history:
+            lines += ["", f"{'epoch':>5} {'batches':>8} {'seconds':>8} {'batches/s':>10} "
+                          f"{'wait':>6}"]
+            for r in self._history:
+                lines.append(f"{r.epoch:>5} {r.batches:>8} {r.seconds:>8.3f} "
+                             f"{r.batches_per_second:>10.1f} {_pct(r.wait_fraction):>6}")
+        return "\n".join(lines)
+
+    def plot(self, path, *, dpi=100):
+        """Write a PNG: batches/s per epoch, the main process's wait per batch over
+        time, and each worker's stage times per batch, stacked.
+
+        Needs matplotlib (``pip install "netcl-loader[plot]"``).
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            Where to write the PNG.
+        dpi : int, default 100
+
+        Returns
+        -------
+        str
+            ``path``.
+        """
+        try:
+            from matplotlib.backends.backend_agg import FigureCanvasAgg
+            from matplotlib.figure import Figure
+        except ImportError as exc:
+            raise ImportError(f"loader.stats.plot() needs matplotlib ({exc}); remedy: pip "
+                              f"install matplotlib, or pip install 'netcl-loader[plot]'") from exc
+        fig = Figure(figsize=(15, 4.6), dpi=dpi)
+        FigureCanvasAgg(fig)
+        ax1, ax2, ax3 = fig.subplots(1, 3)
+        hist = self.history
+        if hist:
+            ax1.plot([r.epoch for r in hist], [r.batches_per_second for r in hist], "o-")
+            ax1.set_ylim(bottom=0)
+        else:
+            ax1.text(0.5, 0.5, "no finished epoch", ha="center", va="center",
+                     transform=ax1.transAxes)
+        ax1.set_xlabel("epoch")
+        ax1.set_ylabel("batches/s")
+        ax1.set_title("throughput per epoch")
+        rows = self.recent_batches()
+        if len(rows):
+            ax2.plot(rows["time"], 1e3 * rows["wall"], lw=0.8, color="0.7",
+                     label="time between batches")
+            ax2.plot(rows["time"], 1e3 * rows["wait"], lw=0.8, color="C3", label="wait")
+            for t in rows["time"][rows["first"]]:
+                ax2.axvline(t, color="0.85", lw=0.8, ls="--")
+            ax2.legend(loc="upper right", fontsize="small")
+            ax2.set_ylim(bottom=0)
+        ax2.set_xlabel("loop time (s)")
+        ax2.set_ylabel("ms per batch")
+        ax2.set_title("main process: wait per batch")
+        ws = self.workers
+        labels = ["in-process" if w < 0 else f"worker {w}" for w in ws]
+        bottom = np.zeros(len(ws))
+        for k, s in enumerate(WORKER_STAGES):
+            vals = np.array([1e3 * getattr(f, s + "_seconds") / max(f.batches, 1)
+                             for f in ws.values()])
+            ax3.bar(labels, vals, bottom=bottom, label=s, color=f"C{k}")
+            bottom += vals
+        for k, f in enumerate(ws.values()):
+            if f.busy_fraction is not None:
+                ax3.text(k, bottom[k], f"busy {_pct(f.busy_fraction)}", ha="center",
+                         va="bottom", fontsize="small")
+        if ws:
+            ax3.legend(loc="lower right", fontsize="small")
+        ax3.set_ylabel("ms per batch (mean)")
+        ax3.set_title("stage times per worker")
+        v = self.verdict
+        title = v.headline if v.bottleneck is None else (
+            f"{v.headline} ({_pct(v.loader_fraction)} of the loop's time getting data)")
+        fig.suptitle(title)
+        fig.tight_layout()
+        fig.savefig(os.fspath(path), format="png")
+        return path
+
     def __str__(self):
         return self.summary()
+
+
+def _plain(x):
+    """``x`` with NumPy scalars as Python numbers and non-finite floats as None (JSON)."""
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x

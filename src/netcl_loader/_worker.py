@@ -17,7 +17,7 @@ from ._collate import array_as_tensor, collate, gather_rows, tensor_as_array, te
 from ._protocol import (BATCH, END, ENTRY_KIND_MASK, ENTRY_PIPED_TASK, ENTRY_REMAP, ENTRY_SLOT_MASK,
                         ENTRY_STOP, ERROR, FLAG_PICKLED_INDICES, TASK_HEADER, Result, dumps,
                         error_record)
-from ._ring import CANCELLED, PIPED, READY
+from ._ring import CANCELLED, PIPED
 from .shared_batch import SlotWriter
 
 __all__ = ["WorkerInfo", "get_worker_info", "build_batch", "worker_seed"]
@@ -509,7 +509,7 @@ def worker_loop(config, conn, ring, lifeline):
         except (EOFError, OSError):
             return
         if header.token() != token:
-            header.publish(slot, CANCELLED)  # the main process moved on
+            ring.publish(slot, CANCELLED)  # the main process moved on
             continue
         needed = 0
         start = time.perf_counter_ns()
@@ -529,13 +529,7 @@ def worker_loop(config, conn, ring, lifeline):
             writer = SlotWriter(ring.segment(slot), ring.capacity(slot)) if use_shared_mem else None
             batch = maker.make(indices, writer.alloc if writer is not None else np.empty)
             if writer is not None:
-                t_write = time.perf_counter_ns()
-                done = writer.finish(batch)
-                if done is not None:
-                    fetch, coll, trans = maker.times
-                    # One call: the result record, the stage times, READY.
-                    header.finish(slot, READY, done[0], done[1], done[2], writer.needed,
-                                  fetch, coll, trans, time.perf_counter_ns() - t_write, start)
+                if ring.publish_batch(slot, writer, batch, maker.times + (start,)):
                     continue
                 needed = writer.needed
             payload = Result(BATCH, token, seq, batch)
@@ -545,8 +539,7 @@ def worker_loop(config, conn, ring, lifeline):
             payload = Result(ERROR, token, seq, error_record(exc, indices, worker_id))
         # Publish first, then send: a large payload blocks in send until the
         # main process, woken by the publish, reads it.
-        fetch, coll, trans = maker.times
-        header.finish(slot, PIPED, 0, 0, 0, needed, fetch, coll, trans, 0, start)
+        ring.publish(slot, PIPED, needed, maker.times + (start,))
         try:
             data = dumps(payload)
         except Exception as exc:  # the batch does not pickle

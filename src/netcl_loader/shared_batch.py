@@ -814,10 +814,13 @@ class OutputPool:
 class SharedBatchRingBuffer:
     """A ring of ``num_slots`` batch slots of ``slot_bytes`` each, in shared memory.
 
-    Producers (in any process) claim a free slot, write a batch into it and
-    publish it; consumers wait for a published slot, read the batch and free
-    the slot.  Slot states are lock-free atomics; waits sleep on a futex
-    (Linux) and never spin.
+    The owner of the ring (the process that creates it) assigns each free
+    slot to a producer (:meth:`assign`), the producer fills it and publishes
+    it (:meth:`publish_batch`, :meth:`publish`), the owner waits for it
+    (:meth:`wait_published`), reads it (:meth:`read`) and frees it
+    (:meth:`free`).  Used on its own, producers claim slots themselves with
+    the same calls (:meth:`put`, :meth:`get`).  Slot states are lock-free
+    atomics; waits sleep on a futex (Linux) and never spin.
 
     Parameters
     ----------
@@ -925,20 +928,92 @@ class SharedBatchRingBuffer:
         self._segments[slot] = segment
         self._caps[slot] = 0 if segment is None else segment.nbytes
 
-    # -- producer side -------------------------------------------------
+    # -- the lifecycle of a slot (SPEC: the owner assigns, producers publish) --
+    #
+    #   FREE --assign (owner)--> ASSIGNED --publish (producer)--> READY | PIPED | CANCELLED
+    #   READY | PIPED | CANCELLED --free (owner)--> FREE
+    #
+    # The DataLoader's main process is the owner: it assigns each task a slot,
+    # its workers fill and publish it, and it frees the slot when its lease
+    # ends.  put()/get() below are the same calls for a ring used on its own.
+
+    def assign(self, slot, owner, seq=0, indices=None, token=None, epoch=0):
+        """Give FREE ``slot`` to producer ``owner`` (an int > 0) for task ``seq``.
+
+        ``indices`` (int64, optional) are written into the slot's index area;
+        returns True when they fit there (False: send them another way).
+        Raises RuntimeError when the slot is not FREE.
+        """
+        token = self._header.token() if token is None else token
+        return self._header.assign(slot, token, seq, owner, epoch, indices)
+
+    def publish(self, slot, state, needed=0, times=(0, 0, 0, 0)):
+        """Publish ``state`` (PIPED or CANCELLED; READY through :meth:`publish_batch`)
+        for an assigned slot, with the bytes its batch needed and its stage times
+        ``(fetch, collate, transforms, start)`` in ns; wakes the waiters."""
+        fetch, collate, transform, start = times
+        self._header.finish(slot, state, 0, 0, 0, needed, fetch, collate, transform, 0, start)
+
+    def publish_batch(self, slot, writer, batch, times=(0, 0, 0, 0)):
+        """Finish ``batch`` in ``slot`` (its arrays from ``writer.alloc``, or copied in now),
+        write its layout record and stage times, and publish READY.
+
+        Returns False, publishing nothing, when the batch does not fit
+        (``writer.needed`` says how much it takes).  The one writing path of
+        the ring: DataLoader workers and :meth:`write` both use it.
+        """
+        t0 = time.perf_counter_ns()
+        done = writer.finish(batch)
+        if done is None:
+            return False
+        fetch, collate, transform, start = times
+        self._header.finish(slot, READY, done[0], done[1], done[2], writer.needed, fetch,
+                            collate, transform, time.perf_counter_ns() - t0, start)
+        return True
+
+    def free(self, slot):
+        """Give a published (or assigned) slot back to the owner's free slots."""
+        self._header.publish(slot, FREE)
+
+    def wait_published(self, slots, timeout=None):
+        """The position in ``slots`` of the first one READY or PIPED, waiting up to
+        ``timeout`` seconds (None: forever) without spinning; TimeoutError after."""
+        slots = np.ascontiguousarray(slots, np.uint32)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            ms = WAIT_SLICE_MS
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no published slot among {slots.tolist()} within "
+                                       f"timeout={timeout} s")
+                ms = max(1, min(ms, int(left * 1000) + 1))
+            k = self._header.wait_published(slots, ms)
+            if k >= 0:
+                return k
+
+    def refs(self, slot):
+        """References to ``slot``'s region: each array made from it holds one, so a
+        lent slot is free to reuse once this is back to its count before lending."""
+        return sys.getrefcount(self._segments[slot]) - 1
+
+    # -- a ring used on its own: producers claim slots ------------------------
     def acquire(self, timeout=None):
-        """Claim a free slot for writing and return its index.
+        """Claim a free slot for writing (as its owner) and return its index.
 
         Raises TimeoutError when none frees up within ``timeout`` seconds.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         h = self._header
-        n = h.nslots
+        owner = os.getpid() & 0x7fffffff or 1
         while True:
             seen = h.gen()
-            for i in range(n):
-                if h.state(i) == FREE and h.claim(i, FREE, ASSIGNED):
-                    h.set_task(i, h.token(), h.next_ticket(), os.getpid() & 0x7fffffff)
+            for i in range(h.nslots):
+                if h.state(i) == FREE:
+                    try:
+                        self.assign(i, owner, h.next_ticket())
+                    except RuntimeError:
+                        continue  # another producer claimed it first
                     return i
             self._sleep(seen, deadline, "a free slot", timeout)
 
@@ -952,13 +1027,10 @@ class SharedBatchRingBuffer:
             smaller batch, or :meth:`release` it).
         """
         writer = SlotWriter(self._segments[slot], self._caps[slot])
-        done = writer.finish(batch)
-        if done is None:
+        if not self.publish_batch(slot, writer, batch):
             raise SlotOverflowError(
                 f"batch needs {writer.needed} bytes but slot {slot} holds {self._caps[slot]}; "
                 f"create the ring with a larger slot_bytes", writer.needed)
-        self._header.set_result(slot, done[0], done[1], done[2], writer.needed)
-        self._header.publish(slot, READY)
 
     def put(self, batch, timeout=None):
         """Claim a slot, write ``batch`` and publish it; returns the slot index."""
@@ -966,36 +1038,31 @@ class SharedBatchRingBuffer:
         try:
             self.write(slot, batch)
         except BaseException:
-            self.release(slot)
+            self.free(slot)
             raise
         return slot
 
-    # -- consumer side -------------------------------------------------
     def wait_ready(self, timeout=None):
         """Wait for a published slot and return its index (oldest first)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         h = self._header
         while True:
             seen = h.gen()
-            best = None
-            for i in range(h.nslots):
-                if h.state(i) == READY:
-                    seq = h.info(i)[2]
-                    if best is None or seq < best[0]:
-                        best = (seq, i)
-            if best is not None:
-                return best[1]
+            ready = [(h.info(i)[2], i) for i in range(h.nslots) if h.state(i) == READY]
+            if ready:
+                return min(ready)[1]
             self._sleep(seen, deadline, "a published batch", timeout)
 
-    def read(self, slot, copy=True):
+    def read(self, slot, copy=True, output=None):
         """The batch in a published slot: copies, or read-only views (``copy=False``)
-        valid until the slot is released."""
+        valid until the slot is freed."""
         meta_off, meta_len, _ = self._header.result(slot)
-        return decode(self._segments[slot], meta_off, meta_len, COPY if copy else VIEW)
+        return decode(self._segments[slot], meta_off, meta_len, COPY if copy else VIEW,
+                      output=output)
 
     def release(self, slot):
-        """Free a slot for producers again."""
-        self._header.publish(slot, FREE)
+        """Free a slot for producers again (:meth:`free`)."""
+        self.free(slot)
 
     def get(self, timeout=None):
         """Wait for the oldest published batch, copy it out and free its slot."""
@@ -1003,7 +1070,7 @@ class SharedBatchRingBuffer:
         try:
             return self.read(slot, copy=True)
         finally:
-            self.release(slot)
+            self.free(slot)
 
     def _sleep(self, seen, deadline, what, timeout):
         if deadline is None:
