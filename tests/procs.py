@@ -73,15 +73,47 @@ def dev_shm():
 
 
 def dev_shm_left(before, settle=1.0):
-    """Names in /dev/shm that were not in ``before`` and are still there after
-    ``settle`` seconds (glibc's sem_open makes a short-lived ``sem.XXXXXX`` in
-    any process of the machine: a leak stays, such a file goes)."""
+    """Names in /dev/shm that were not in ``before``, are still there after
+    ``settle`` seconds, and no live process maps.
+
+    Called once the processes under test are gone: a name one of them left
+    stays and is mapped by nobody.  Other programs on the machine make names
+    too (glibc's sem_open a short-lived ``sem.XXXXXX``, multiprocessing's
+    semaphores ``sem.mp-*`` for their life), and those are mapped by their
+    live owners.
+    """
     new = dev_shm() - before
     deadline = time.monotonic() + settle
     while new and time.monotonic() < deadline:
         time.sleep(0.05)
         new &= dev_shm()
-    return new
+    return new - _mapped_from_dev_shm(new) if new else new
+
+
+def _mapped_from_dev_shm(names):
+    """Those of ``names`` some live process maps, found by inode (glibc maps a
+    semaphore under its temporary name, then renames it)."""
+    inodes = {}
+    for n in names:
+        try:
+            inodes[os.stat(f"/dev/shm/{n}").st_ino] = n
+        except OSError:
+            pass
+    found = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    fields = line.split(None, 5)
+                    if len(fields) == 6 and fields[5].startswith("/dev/shm/"):
+                        name = inodes.get(int(fields[4]))
+                        if name is not None:
+                            found.add(name)
+        except OSError:
+            pass
+    return found
 
 
 # -- datasets for child programs (picklable: spawned workers import this module) ----

@@ -584,3 +584,78 @@ def test_convert_output_makes_numpy_scalars_0d_tensors_as_default_convert():
     assert got["b"].dtype == torch.bool and got["b"].item() is True
     assert got["i"] == 3 and type(got["i"]) is int  # Python numbers stay (default_convert)
     assert type(got["s"]) is np.str_ and isinstance(got["t"], np.datetime64)
+
+
+# -- the lifecycle the loader uses, across processes ---------------------------------
+
+def _producer(ring, q, rounds):
+    """Pop slot entries from queue ``q``, write a batch derived from the task, publish it."""
+    from netcl_loader.shared_batch import SlotWriter
+    header = ring.header
+    for _ in range(rounds):
+        entry = header.pop(q, 5000)
+        assert entry >= 0, "no task within 5 s"
+        slot = entry & 0xFFFFFF
+        token, seq, epoch = header.task(slot)
+        idx = np.frombuffer(header.get_indices(slot), np.int64)
+        writer = SlotWriter(ring.segment(slot), ring.capacity(slot))
+        out = writer.alloc((len(idx),), np.int64)
+        np.multiply(idx, 3, out=out)
+        if seq % 7 == 3:  # now and then a batch of another shape, written as a foreign array
+            batch = (out, np.full((int(seq % 5) + 1, 2), seq, np.float32))
+        else:
+            batch = (out,)
+        assert ring.publish_batch(slot, writer, batch, (1, 2, 3, 4))
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_owner_assigns_producers_publish_owner_waits_and_frees(method):
+    """The protocol of the loader, on the ring alone: two producer processes."""
+    import multiprocessing as mp
+    ctx = mp.get_context(method)
+    W, rounds = 2, 60
+    ring = SharedBatchRingBuffer(3, 1 << 16, task_queues=W, index_bytes=8 * 9)
+    procs = [ctx.Process(target=_producer, args=(ring, q, rounds)) for q in range(W)]
+    for p in procs:
+        p.start()
+    try:
+        free = [0, 1, 2]
+        pending = []  # (seq, slot)
+        seq = 0
+        got = []
+        while len(got) < W * rounds:
+            while free and seq < W * rounds:
+                slot = free.pop()
+                idx = np.arange(seq, seq + 8, dtype=np.int64)
+                assert ring.assign(slot, seq % W + 1, seq, idx, token=0)
+                assert ring.state(slot) == 1  # ASSIGNED
+                ring.header.push(seq % W, slot)
+                pending.append((seq, slot))
+                seq += 1
+            s, slot = pending.pop(0)
+            assert ring.wait_published(np.array([slot], np.uint32), timeout=10) == 0
+            assert ring.state(slot) == READY
+            assert ring.header.times(slot)[:3] == (1, 2, 3)
+            batch = ring.read(slot)
+            assert batch[0].tolist() == [3 * i for i in range(s, s + 8)]
+            if s % 7 == 3:
+                assert batch[1].shape == (s % 5 + 1, 2) and (batch[1] == s).all()
+            got.append(s)
+            ring.free(slot)
+            assert ring.state(slot) == FREE
+            free.append(slot)
+        assert got == list(range(W * rounds))
+    finally:
+        for p in procs:
+            p.join(10)
+    assert [p.exitcode for p in procs] == [0, 0]
+
+
+def test_assign_refuses_a_slot_that_is_not_free():
+    ring = SharedBatchRingBuffer(2, 4096, task_queues=1, index_bytes=16)
+    assert ring.assign(0, 1, 0, np.array([5], np.int64))
+    with pytest.raises(RuntimeError, match="not FREE"):
+        ring.assign(0, 1, 1, np.array([6], np.int64))
+    assert not ring.assign(1, 1, 0, np.arange(4, dtype=np.int64))  # too long: by pipe
+    with pytest.raises(TimeoutError, match="timeout=0.05"):
+        ring.wait_published(np.array([0, 1], np.uint32), timeout=0.05)
