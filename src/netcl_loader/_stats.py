@@ -46,9 +46,10 @@ STAGE_WHAT = {
 #: Batches kept for per-batch medians and p95 and for the plot: 4096 of them
 #: cover a few epochs of a typical run and cost 0.4 MiB.
 RECENT_BATCHES = 4096
-#: The raw per-batch figures are folded into totals every this many batches:
-#: a fold costs about 0.2 ms, so its share per batch stays far below 1 us.
-FOLD_BATCHES = 1024
+#: The raw per-batch figures are folded into totals every this many batches
+#: (about 1 MiB of them): a fold costs about 0.2 us a batch, mostly turning
+#: Python numbers into arrays, and a few fixed 10 us that this many amortise.
+FOLD_BATCHES = 4096
 #: Finished epochs kept in ``stats.history`` (a record is about 200 bytes).
 HISTORY_EPOCHS = 100_000
 
@@ -68,6 +69,10 @@ WORKERS_SATURATED_FRACTION = 0.80
 EMPTY_STEP_SECONDS = 1e-4
 
 _NS = 1e-9
+#: Numbers per batch in the raw list: the worker's 5 times, worker id,
+#: decode, wall, the running wait total.
+_RAW_WIDTH = 9
+_RAW_FOLD = FOLD_BATCHES * _RAW_WIDTH
 
 # One row per delivered batch (the window of recent batches).
 _ROW = np.dtype([
@@ -75,7 +80,6 @@ _ROW = np.dtype([
     ("epoch", np.int64),         # the epoch number given to begin_epoch
     ("first", np.bool_),         # the first batch of its iteration (pool start, pipeline fill)
     ("worker", np.int64),        # worker id, -1 in-process
-    ("samples", np.int64),
     ("fetch_ns", np.int64),
     ("collate_ns", np.int64),
     ("transforms_ns", np.int64),
@@ -345,13 +349,14 @@ class LoaderStats:
         self._clear()
 
     def _clear(self):
-        # Hot path: one tuple per batch, folded every FOLD_BATCHES batches.
+        # Hot path: _RAW_WIDTH numbers a batch in one flat list, folded every
+        # FOLD_BATCHES batches.
         self._raw = []
-        self._upload_seconds = 0.0           # running total; the raw rows hold it cumulatively
-        self._recent = np.zeros(0, _ROW)     # the last RECENT_BATCHES rows
+        self._uploads_raw = []               # (batch index, seconds) of each upload
+        self._upload_seconds = 0.0
+        self._recent = {k: np.zeros(0, _ROW[k]) for k in _ROW.names}  # the last RECENT_BATCHES
         self._rows = 0                       # rows folded so far
-        self._last_wait = 0.0                # cumulative wait and upload at the last folded row
-        self._last_upload = 0.0
+        self._last_wait = 0.0                # cumulative wait at the last folded row
         self._last_time = 0.0
         # Iterations: (row index of its first batch, epoch, begin ns); only the
         # ones that rows still to be folded may belong to are kept.
@@ -360,7 +365,7 @@ class LoaderStats:
         self._open = None                    # (epoch, batches, samples, wall, wait) at begin_epoch
         # Running totals.
         self._stage_ns = np.zeros(len(WORKER_STAGES), np.int64)
-        self._main_seconds = np.zeros(3)     # decode, upload, wall over folded rows
+        self._decode_seconds = 0.0           # over folded rows
         self._per_worker = {}                # id -> int64 [batches, fetch, collate, transforms, write]
         self._closed_busy = {}               # id -> ns busy in finished windows
         self._closed_span = {}               # id -> ns elapsed in finished windows
@@ -375,7 +380,8 @@ class LoaderStats:
     # -- hooks: called by the loader as batches arrive ------------------------
     def begin_epoch(self, epoch):
         """An iteration of ``epoch`` starts (the next batch is its first)."""
-        self._marks.append((self._rows + len(self._raw), int(epoch), time.perf_counter_ns()))
+        self._marks.append((self._rows + len(self._raw) // _RAW_WIDTH, int(epoch),
+                            time.perf_counter_ns()))
         self._iterations += 1
         self._open = (int(epoch), self.batches, self.samples, self.wall_seconds,
                       self.wait_seconds)
@@ -393,12 +399,11 @@ class LoaderStats:
         self.batches += 1
         self.samples += samples
         self.wall_seconds += wall_seconds
-        # The waits and uploads since the previous batch are this batch's:
-        # the running totals go in, the differences are taken when folding.
+        # The waits since the previous batch are this batch's: the running
+        # total goes in, the differences are taken when folding.
         raw = self._raw
-        raw.append((worker, times, decode_seconds, wall_seconds, samples,
-                    self.wait_seconds, self._upload_seconds))
-        if len(raw) >= FOLD_BATCHES:
+        raw += times + (worker, decode_seconds, wall_seconds, self.wait_seconds)
+        if len(raw) >= _RAW_FOLD:
             self._fold()
 
     def record_wait(self, seconds):
@@ -408,6 +413,8 @@ class LoaderStats:
     def record_upload(self, seconds):
         """The main process spent ``seconds`` starting a batch's device upload."""
         self._upload_seconds += seconds
+        # Called before record_batch of the batch it uploads: that batch's index.
+        self._uploads_raw.append((self._rows + len(self._raw) // _RAW_WIDTH, seconds))
 
     def end_epoch(self, epoch):
         """The iteration of ``epoch`` has yielded its last batch."""
@@ -441,25 +448,31 @@ class LoaderStats:
     # -- folding the raw rows ---------------------------------------------------
     def _fold(self):
         raw, self._raw = self._raw, []
-        n = len(raw)
+        n = len(raw) // _RAW_WIDTH
         if n == 0:
             return
-        worker, times, decode, wall, samples, cum_wait, cum_upload = zip(*raw)
-        t = np.array(times, np.int64).reshape(n, 5)
-        rows = np.zeros(n, _ROW)
-        rows["worker"] = worker
-        rows["samples"] = samples
+        # One fromiter over the flat list is the cheapest way from Python
+        # numbers to an array (about 15 ns a number).  Float64 holds the ns
+        # figures exactly up to 2**53 ns (104 days of uptime for start_ns;
+        # past that to within 2 ns).
+        a = np.fromiter(raw, np.float64, len(raw)).reshape(n, _RAW_WIDTH)
+        t = a[:, :5].astype(np.int64)
+        rows = {"worker": a[:, 5].astype(np.int64)}
         for k, stage in enumerate(WORKER_STAGES):
             rows[stage + "_ns"] = t[:, k]
         rows["start_ns"] = t[:, 4]
-        rows["decode"] = decode
-        rows["wall"] = wall
-        cw = np.array(cum_wait)
-        cu = np.array(cum_upload)
+        rows["decode"] = a[:, 6].copy()
+        rows["wall"] = a[:, 7].copy()
+        cw = a[:, 8]
         rows["wait"] = np.diff(cw, prepend=self._last_wait)
-        rows["upload"] = np.diff(cu, prepend=self._last_upload)
+        self._last_wait = float(cw[-1])
+        upload = np.zeros(n)
+        if self._uploads_raw:
+            at, sec = (np.array(v) for v in zip(*self._uploads_raw))
+            self._uploads_raw = []
+            np.add.at(upload, np.clip(at - self._rows, 0, n - 1), sec)
+        rows["upload"] = upload
         rows["time"] = self._last_time + np.cumsum(rows["wall"])
-        self._last_wait, self._last_upload = float(cw[-1]), float(cu[-1])
         self._last_time = float(rows["time"][-1])
 
         # Which iteration each row belongs to.
@@ -473,20 +486,21 @@ class LoaderStats:
             kk = np.maximum(k, 0)
             first_iter = self._iterations - len(marks)
             rows["iteration"] = np.where(have, first_iter + kk, -1)
-            rows["epoch"] = np.where(have, np.array([m[1] for m in marks])[kk], -1)
+            rows["epoch"] = np.where(have, np.array([m[1] for m in marks], np.int64)[kk], -1)
             rows["first"] = have & (starts[kk] == index)
             begin_ns = np.where(have, np.array([m[2] for m in marks], np.int64)[kk], 0)
             # Rows still to come belong to the last iteration at most.
             self._marks = marks[-1:]
         else:
-            rows["iteration"] = -1
-            rows["epoch"] = -1
+            rows["iteration"] = np.full(n, -1, np.int64)
+            rows["epoch"] = np.full(n, -1, np.int64)
+            rows["first"] = np.zeros(n, np.bool_)
         self._rows += n
 
         # Totals.
         stage = t[:, :4]
         self._stage_ns += stage.sum(axis=0)
-        self._main_seconds += (rows["decode"].sum(), rows["upload"].sum(), rows["wall"].sum())
+        self._decode_seconds += float(rows["decode"].sum())
         ids = rows["worker"]
         for w in np.unique(ids).tolist():
             sel = ids == w
@@ -495,8 +509,10 @@ class LoaderStats:
             acc[1:] += stage[sel].sum(axis=0)
         self._fold_windows(rows, stage.sum(axis=1), begin_ns)
 
-        recent = np.concatenate((self._recent, rows)) if len(self._recent) else rows
-        self._recent = recent[-RECENT_BATCHES:]
+        old = self._recent
+        if len(old["wall"]):
+            rows = {k: np.concatenate((old[k], v)) for k, v in rows.items()}
+        self._recent = {k: v[-RECENT_BATCHES:] for k, v in rows.items()}
 
     def _fold_windows(self, rows, busy, begin_ns):
         """Per worker and iteration: the elapsed window (first task's start, clipped
@@ -513,25 +529,29 @@ class LoaderStats:
         # caller was between epochs) counts only from the iteration's start.
         lo = np.maximum(start, begin_ns[sel])
         inside = np.clip(end - lo, 0, dur)
-        keys = np.stack((iters, ids), axis=1)
-        groups, inverse = np.unique(keys, axis=0, return_inverse=True)
-        inverse = inverse.reshape(-1)
-        g_start = np.full(len(groups), np.iinfo(np.int64).max)
-        g_end = np.full(len(groups), np.iinfo(np.int64).min)
-        np.minimum.at(g_start, inverse, lo)
-        np.maximum.at(g_end, inverse, end)
-        g_busy = np.bincount(inverse, weights=inside, minlength=len(groups))
-        for (it, w), s, e, b in zip(groups.tolist(), g_start.tolist(), g_end.tolist(),
-                                    g_busy.tolist()):
-            win = self._windows.get(w)
-            if win is not None and win[0] == it:
-                win[1] = min(win[1], s)
-                win[2] = max(win[2], e)
-                win[3] += b
-                continue
-            if win is not None:
-                self._close_window(w, win)
-            self._windows[w] = [it, s, e, b]
+        # Rows come in delivery order, so each iteration is one run of rows.
+        cuts = np.flatnonzero(np.diff(iters)) + 1
+        for lo_k, hi_k in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(iters)].tolist()):
+            it = int(iters[lo_k])
+            w_ids = ids[lo_k:hi_k]
+            nw = int(w_ids.max()) + 1
+            count = np.bincount(w_ids, minlength=nw)
+            g_start = np.full(nw, np.iinfo(np.int64).max)
+            g_end = np.full(nw, np.iinfo(np.int64).min)
+            np.minimum.at(g_start, w_ids, lo[lo_k:hi_k])
+            np.maximum.at(g_end, w_ids, end[lo_k:hi_k])
+            g_busy = np.bincount(w_ids, weights=inside[lo_k:hi_k], minlength=nw)
+            for w in np.flatnonzero(count).tolist():
+                st, e, bz = int(g_start[w]), int(g_end[w]), float(g_busy[w])
+                win = self._windows.get(w)
+                if win is not None and win[0] == it:
+                    win[1] = min(win[1], st)
+                    win[2] = max(win[2], e)
+                    win[3] += bz
+                    continue
+                if win is not None:
+                    self._close_window(w, win)
+                self._windows[w] = [it, st, e, bz]
 
     def _close_window(self, w, win):
         self._closed_busy[w] = self._closed_busy.get(w, 0.0) + win[3]
@@ -546,22 +566,28 @@ class LoaderStats:
         numpy.ndarray
             A structured array with fields ``iteration``, ``epoch``, ``first``
             (first batch of its iteration), ``worker`` (-1 in-process),
-            ``samples``, ``fetch_ns``, ``collate_ns``, ``transforms_ns``,
+            ``fetch_ns``, ``collate_ns``, ``transforms_ns``,
             ``write_ns``, ``start_ns`` (the worker's CLOCK_MONOTONIC when it took
             the task, 0 in-process), and in seconds ``wait``, ``decode``,
             ``upload``, ``wall`` (since the previous delivery) and ``time``
             (loop time since the last reset, at delivery).
         """
         self._fold()
-        return self._recent.copy()
+        rec = self._recent
+        out = np.zeros(len(rec["wall"]), _ROW)
+        for k in _ROW.names:
+            out[k] = rec[k]
+        return out
 
     def _steady(self):
         """The recent rows that are not the first of their iteration (which hold the
         pool start and the pipeline fill); all recent rows if that leaves none."""
         self._fold()
         rows = self._recent
-        steady = rows[~rows["first"]]
-        return steady if len(steady) else rows
+        keep = ~rows["first"]
+        if not keep.any():
+            return rows
+        return {k: v[keep] for k, v in rows.items()}
 
     @property
     def stages(self):
@@ -583,7 +609,7 @@ class LoaderStats:
         totals = {s: float(v) * _NS for s, v in zip(WORKER_STAGES, self._stage_ns.tolist())}
         totals["worker"] = float(self._stage_ns.sum()) * _NS
         totals["wait"] = float(self.wait_seconds)
-        totals["decode"] = float(self._main_seconds[0])
+        totals["decode"] = self._decode_seconds
         totals["upload"] = float(self._upload_seconds)
         totals["wall"] = float(self.wall_seconds)
         out = {}
@@ -650,13 +676,13 @@ class LoaderStats:
     def verdict(self):
         """:class:`Verdict`: which side limits throughput, by how much, what to change."""
         rows = self._steady()
-        if len(rows) == 0:
+        n = len(rows["wall"])
+        if n == 0:
             return Verdict(None, 0.0, "no batch yet", "nothing measured", "iterate the loader",
                            {})
         wall = float(rows["wall"].sum())
         wait = float(rows["wait"].sum())
         main = float(rows["decode"].sum() + rows["upload"].sum())
-        n = len(rows)
         loader_frac = min(1.0, (wait + main) / wall) if wall > 0 else 1.0
         worker_ns = (rows["fetch_ns"] + rows["collate_ns"] + rows["transforms_ns"]
                      + rows["write_ns"])

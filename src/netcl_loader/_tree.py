@@ -3,21 +3,65 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["map_leaves", "torch_structure", "read_only", "batch_len"]
+from ._collate import same_mapping
+
+__all__ = ["map_leaves", "structure_key", "torch_structure", "read_only", "batch_len"]
 
 
 def map_leaves(batch, fn):
-    """``batch`` with ``fn`` applied to each leaf (tuples, namedtuples, lists, dicts kept)."""
+    """``batch`` with ``fn`` applied to each leaf: the one walker over a batch's
+    structure, used by every place that walks one (encoding into a slot,
+    decoding, output conversion, uploads, read-only views, pinning).
+
+    Tuples, lists and dicts are rebuilt as such; a namedtuple keeps its type
+    (its fields in order); another mapping keeps its type where it can be
+    rebuilt, as torch's ``default_collate`` rebuilds one (:func:`same_mapping`);
+    other tuple and list subclasses become plain ones (a tuple class that says
+    ``leaf = True`` is a leaf).  Anything else is a leaf.
+    """
     t = type(batch)
-    if t is tuple or t is list:
-        return t(map_leaves(b, fn) for b in batch)
+    if t is tuple:
+        return tuple([map_leaves(b, fn) for b in batch])
+    if t is list:
+        return [map_leaves(b, fn) for b in batch]
     if t is dict:
         return {k: map_leaves(v, fn) for k, v in batch.items()}
-    if isinstance(batch, tuple) and hasattr(t, "_fields"):
-        return t(*[map_leaves(b, fn) for b in batch])
+    if isinstance(batch, tuple):
+        if getattr(t, "leaf", False):  # a tuple that is one value (the ring's refs)
+            return fn(batch)
+        items = [map_leaves(b, fn) for b in batch]
+        return t(*items) if hasattr(t, "_fields") else tuple(items)
+    if isinstance(batch, list):
+        return [map_leaves(b, fn) for b in batch]
     if isinstance(batch, dict):
-        return t({k: map_leaves(v, fn) for k, v in batch.items()})
+        return same_mapping(batch, {k: map_leaves(v, fn) for k, v in batch.items()})
     return fn(batch)
+
+
+def structure_key(batch, leaf_key):
+    """A hashable key of ``batch``'s structure with ``leaf_key(leaf)`` at each leaf,
+    or None as soon as one leaf's key is None (the structure walked as
+    :func:`map_leaves` walks it)."""
+    t = type(batch)
+    if t is tuple or t is list or (isinstance(batch, tuple) and hasattr(t, "_fields")):
+        parts = []
+        for b in batch:
+            k = structure_key(b, leaf_key)
+            if k is None:
+                return None
+            parts.append(k)
+        return (t, tuple(parts))
+    if t is dict:
+        parts = []
+        for name, v in batch.items():
+            k = structure_key(v, leaf_key)
+            if k is None:
+                return None
+            parts.append((name, k))
+        return (t, tuple(parts))
+    if isinstance(batch, (tuple, list, dict)):
+        return None  # rare containers: no cached layout, built afresh
+    return leaf_key(batch)
 
 
 def torch_structure(batch, in_sequence=False):

@@ -6,6 +6,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from ._tree import map_leaves
+
 __all__ = ["GpuBatch", "GpuBatchDict", "Uploader", "copies_done"]
 
 # OpenCL's CL_COMPLETE. Statuses above it (RUNNING 1, SUBMITTED 2, QUEUED 3)
@@ -293,20 +295,15 @@ class Uploader:
 
     def _convert(self, x: Any, events: list, allocated: list) -> Any:
         """Return the device-side counterpart of one field, recursively."""
-        if isinstance(x, np.ndarray):
-            if x.dtype == np.float32:
-                return self._upload_array(x, events, allocated)
-            # Owned, writable copy: the host array may be a view into a ring
-            # slot that will be overwritten (netcl 0.4.4 kept such views).
-            return np.array(x, copy=True)
-        if isinstance(x, dict):
-            return {k: self._convert(v, events, allocated) for k, v in x.items()}
-        if isinstance(x, tuple):
-            items = [self._convert(v, events, allocated) for v in x]
-            return type(x)(*items) if hasattr(x, "_fields") else tuple(items)
-        if isinstance(x, list):
-            return [self._convert(v, events, allocated) for v in x]
-        return x
+        def leaf(a):
+            if isinstance(a, np.ndarray):
+                if a.dtype == np.float32:
+                    return self._upload_array(a, events, allocated)
+                # Owned, writable copy: the host array may be a view into a ring
+                # slot that will be overwritten (netcl 0.4.4 kept such views).
+                return np.array(a, copy=True)
+            return a
+        return map_leaves(x, leaf)
 
     def _upload_array(self, host: np.ndarray, events: list, allocated: list) -> Any:
         """Allocate a pooled device array and enqueue the non-blocking copy into it."""

@@ -26,10 +26,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._collate import (array_as_tensor, is_tensor, same_mapping, tensor_as_array,
+from ._collate import (array_as_tensor, is_tensor, tensor_as_array,
                        tensor_dtype_info, torch_dtype, torch_dtype_name, torch_holds,
                        torch_module)
 from ._options import check_positive_int
+from ._tree import map_leaves, structure_key
 from ._ring import (ASSIGNED, CANCELLED, FREE, PAGE_BYTES, PIPED, READY, RingHeader,
                     Segment, SharedMemoryError)
 
@@ -292,10 +293,13 @@ class _Ref(tuple):
     """Where one array of a batch lies in its slot: (offset, dtype, shape)."""
 
     __slots__ = ()
+    leaf = True  # a leaf for the tree walker, not a tuple of the batch
 
 
 class _TensorRef(tuple):
     """Where one torch tensor of a batch lies in its slot: (offset, dtype, shape, torch dtype name).
+
+    A leaf for the tree walker (``leaf``), not a tuple of the batch.
 
     ``dtype`` is the NumPy type its memory is read as: for bfloat16 and the
     other types NumPy lacks, the integer type of the same size.  A record that
@@ -303,6 +307,7 @@ class _TensorRef(tuple):
     """
 
     __slots__ = ()
+    leaf = True
 
 
 def _dtype_record(dtype):
@@ -365,35 +370,27 @@ class SlotWriter:
         """The layout record of ``batch``: its arrays and tensors placed in the
         slot (copied in when a transform made them elsewhere) and replaced by
         _Ref/_TensorRef markers."""
-        t = type(batch)
-        if t is np.ndarray:
-            hit = self.placed.get(id(batch))
-            if hit is not None and hit[0] is batch:
-                return _Ref((hit[1], _dtype_record(batch.dtype), batch.shape))
-            if batch.dtype.hasobject:
-                return batch  # object references cannot live in shared memory
-            if batch.nbytes == 0:
-                return _Ref((0, _dtype_record(batch.dtype), batch.shape))
-            dst = self.alloc(batch.shape, batch.dtype)
+        return map_leaves(batch, self._encode_leaf)
+
+    def _encode_leaf(self, x):
+        if isinstance(x, np.ndarray):
+            if type(x) is not np.ndarray:
+                x = np.asarray(x)
+            hit = self.placed.get(id(x))
+            if hit is not None and hit[0] is x:
+                return _Ref((hit[1], _dtype_record(x.dtype), x.shape))
+            if x.dtype.hasobject:
+                return x  # object references cannot live in shared memory
+            if x.nbytes == 0:
+                return _Ref((0, _dtype_record(x.dtype), x.shape))
+            dst = self.alloc(x.shape, x.dtype)
             off = self.placed[id(dst)][1]
             if not self.overflow:
-                np.copyto(dst, batch, casting="no")
-            return _Ref((off, _dtype_record(batch.dtype), batch.shape))
-        if t is tuple:
-            return tuple([self.encode(b) for b in batch])
-        if t is list:
-            return [self.encode(b) for b in batch]
-        if t is dict:
-            return {k: self.encode(v) for k, v in batch.items()}
-        if isinstance(batch, tuple) and hasattr(t, "_fields"):
-            return t(*[self.encode(b) for b in batch])
-        if isinstance(batch, dict):
-            return same_mapping(batch, {k: self.encode(v) for k, v in batch.items()})
-        if isinstance(batch, np.ndarray):
-            return self.encode(np.asarray(batch))
-        if is_tensor(batch):
-            return self._encode_tensor(batch)
-        return batch
+                np.copyto(dst, x, casting="no")
+            return _Ref((off, _dtype_record(x.dtype), x.shape))
+        if is_tensor(x):
+            return self._encode_tensor(x)
+        return x
 
     def _encode_tensor(self, t):
         dtype = self._tensor_dtype(t)
@@ -446,18 +443,14 @@ class SlotWriter:
     def _signature(self, x):
         """A hashable key of the layout of a batch all of whose arrays are
         already in the slot, or None (then the record is built afresh)."""
-        t = type(x)
-        if t is np.ndarray:
+        return structure_key(x, self._leaf_signature)
+
+    def _leaf_signature(self, x):
+        if type(x) is np.ndarray:
             hit = self.placed.get(id(x))
             if hit is None or hit[0] is not x:
                 return None
             return (hit[1], x.dtype, x.shape)
-        if t is tuple or t is list:
-            parts = [self._signature(b) for b in x]
-            return None if None in parts else (t, tuple(parts))
-        if t is dict:
-            parts = [(k, self._signature(v)) for k, v in x.items()]
-            return None if any(p[1] is None for p in parts) else (t, tuple(parts))
         if is_tensor(x):
             off = self._tensor_offset(x)
             return None if off is None else ("tensor", off, x.dtype, tuple(x.shape))
@@ -519,7 +512,10 @@ class _Plan:
         self.tree = self._compile(record)
         self.flat = type(self.tree) is tuple and all(type(x) is _Leaf for x in self.tree)
 
-    def _compile(self, x):
+    def _compile(self, record):
+        return map_leaves(record, self._compile_leaf)
+
+    def _compile_leaf(self, x):
         t = type(x)
         if t is _Ref or t is _TensorRef:
             off, dtype, shape = x[:3]
@@ -531,16 +527,6 @@ class _Plan:
                 count *= d
             self.leaves.append((off, dtype, shape, count, count * dtype.itemsize, tname))
             return _Leaf(len(self.leaves) - 1)
-        if t is tuple:
-            return tuple([self._compile(b) for b in x])
-        if t is list:
-            return [self._compile(b) for b in x]
-        if t is dict:
-            return {k: self._compile(v) for k, v in x.items()}
-        if isinstance(x, tuple) and hasattr(t, "_fields"):
-            return t(*[self._compile(b) for b in x])
-        if isinstance(x, dict):
-            return same_mapping(x, {k: self._compile(v) for k, v in x.items()})
         # Values carried in the record itself (lists of strings, object
         # arrays, ...) must be fresh for every batch: such a plan is not reused.
         self.cacheable = False
@@ -548,25 +534,15 @@ class _Plan:
 
 
 def _fill(tree, arrays, read_only, output):
-    t = type(tree)
-    if t is _Leaf:
-        return arrays[tree]
-    if t is tuple:
-        return tuple([_fill(b, arrays, read_only, output) for b in tree])
-    if t is list:
-        return [_fill(b, arrays, read_only, output) for b in tree]
-    if t is dict:
-        return {k: _fill(v, arrays, read_only, output) for k, v in tree.items()}
-    if isinstance(tree, tuple) and hasattr(t, "_fields"):
-        return t(*[_fill(b, arrays, read_only, output) for b in tree])
-    if isinstance(tree, dict):
-        return same_mapping(tree, {k: _fill(v, arrays, read_only, output)
-                                   for k, v in tree.items()})
-    # A value carried in the record (fresh: the plan is not cached).  Its
-    # arrays follow the mode's promise too, as the pipe path's do.
-    if read_only and type(tree) is np.ndarray:
-        tree.flags.writeable = False
-    return _convert_leaf(tree, output) if output is not None else tree
+    def leaf(x):
+        if type(x) is _Leaf:
+            return arrays[x]
+        # A value carried in the record (fresh: the plan is not cached).  Its
+        # arrays follow the mode's promise too, as the pipe path's do.
+        if read_only and type(x) is np.ndarray:
+            x.flags.writeable = False
+        return _convert_leaf(x, output) if output is not None else x
+    return map_leaves(tree, leaf)
 
 
 def _load_torch():
@@ -623,24 +599,6 @@ def _convert_leaf(x, output):
     return x
 
 
-def _convert(x, output):
-    t = type(x)
-    if t is tuple:
-        return tuple([_convert(b, output) for b in x])
-    if t is list:
-        return [_convert(b, output) for b in x]
-    if t is dict:
-        return {k: _convert(v, output) for k, v in x.items()}
-    if isinstance(x, tuple):
-        items = [_convert(b, output) for b in x]
-        return t(*items) if hasattr(t, "_fields") else tuple(items)
-    if isinstance(x, list):
-        return [_convert(b, output) for b in x]
-    if isinstance(x, dict):
-        return same_mapping(x, {k: _convert(v, output) for k, v in x.items()})
-    return _convert_leaf(x, output)
-
-
 def convert_output(batch, output):
     """Apply the loader's ``output`` rule (SPEC §10) to a batch already in memory.
 
@@ -680,7 +638,7 @@ def convert_output(batch, output):
         return batch
     if output == "torch":
         _load_torch()
-    return _convert(batch, output)
+    return map_leaves(batch, lambda x: _convert_leaf(x, output))
 
 
 def _leaf_output(arr, tname, output):
