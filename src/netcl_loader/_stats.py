@@ -291,6 +291,11 @@ def _ms(seconds):
     return f"{1e3 * seconds:.3g} ms"
 
 
+def _n(count, word):
+    """``"1 worker"``, ``"2 workers"``."""
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
 # --------------------------------------------------------------------------
 
 
@@ -501,12 +506,13 @@ class LoaderStats:
         stage = t[:, :4]
         self._stage_ns += stage.sum(axis=0)
         self._decode_seconds += float(rows["decode"].sum())
-        ids = rows["worker"]
-        for w in np.unique(ids).tolist():
-            sel = ids == w
-            acc = self._per_worker.setdefault(w, np.zeros(5, np.int64))
-            acc[0] += int(sel.sum())
-            acc[1:] += stage[sel].sum(axis=0)
+        ids1 = rows["worker"] + 1   # in-process (-1) at 0
+        count = np.bincount(ids1)
+        sums = [np.bincount(ids1, weights=a[:, k], minlength=len(count)) for k in range(4)]
+        for w1 in np.flatnonzero(count).tolist():
+            acc = self._per_worker.setdefault(w1 - 1, np.zeros(5, np.int64))
+            acc[0] += int(count[w1])
+            acc[1:] += np.array([int(s_[w1]) for s_ in sums], np.int64)
         self._fold_windows(rows, stage.sum(axis=1), begin_ns)
 
         old = self._recent
@@ -712,7 +718,8 @@ class LoaderStats:
                       f"of {_ms(t_worker)} per batch")
         if loader_frac <= LOADER_BOUND_FRACTION:
             if W > 0 and busy is not None:
-                idle = f"the loader idles {_pct(1 - busy)} of the time ({W} workers busy {_pct(busy)})"
+                idle = (f"the loader idles {_pct(1 - busy)} of the time ({_n(W, 'worker')} "
+                        f"busy {_pct(busy)})")
             else:
                 idle = f"the loader idles {_pct(1 - loader_frac)} of the loop's time"
             return Verdict("step", loader_frac, "the training step is the bottleneck",
@@ -730,20 +737,22 @@ class LoaderStats:
             if C > 1:
                 want = C if not math.isfinite(needed) else max(1, min(C, math.ceil(needed)))
                 advice = (f"more workers would help: num_workers={want} makes batches in "
-                          f"parallel with the step ({C} CPUs usable)")
+                          f"parallel with the step ({_n(C, 'CPU')} usable)")
             else:
                 advice = (f"workers cannot help on the 1 CPU this process may use: the "
                           f"dataset's own code is the cost; make {slowest} cheaper")
             return Verdict("loader", loader_frac, "the loader is the bottleneck", reason,
                            advice, figures)
-        reason += f"; {W} workers busy {_pct(busy or 0.0)} on {C} usable CPUs; {stage_text}"
+        reason += (f"; {_n(W, 'worker')} busy {_pct(busy or 0.0)} with {_n(C, 'CPU')} usable; "
+                   f"{stage_text}")
         if busy is not None and busy >= WORKERS_SATURATED_FRACTION:
             if W < C:
                 want = C if not math.isfinite(needed) else min(C, max(W + 1, math.ceil(needed)))
-                advice = (f"more workers would help: the {W} workers are saturated and this "
-                          f"process may use {C} CPUs; try num_workers={want}")
+                advice = (f"more workers would help: {_n(W, 'worker')} saturated and this "
+                          f"process may use {_n(C, 'CPU')}; try num_workers={want}")
             else:
-                advice = (f"more workers cannot help: {W} workers already use the {C} CPUs; "
+                advice = (f"more workers cannot help: {_n(W, 'worker')} already use the "
+                          f"{_n(C, 'CPU')} this process may use; "
                           f"the dataset's own code is the cost: make {slowest} cheaper (if it "
                           f"waits on I/O rather than computing, more workers than CPUs may "
                           f"still help: netcl_loader.tune measures it)")
