@@ -183,3 +183,353 @@ def test_uploads_are_counted(cl_queue):
             batch.wait()
         assert loader.stats.uploads == loader.stats.batches == 7
         assert loader.stats.upload_fallbacks == 0
+
+
+# -- stage times, per-worker figures, history, verdict (issue 13) ---------------
+
+from netcl_loader import _stats  # noqa: E402
+from netcl_loader._stats import (LOADER_BOUND_FRACTION, RECENT_BATCHES,  # noqa: E402
+                                 cpu_limits)
+
+#: Slack of a stage time against the sleep inside it: a sleep overshoots by
+#: the scheduler's wake-up latency, more so on a loaded machine.
+SLEEP_SLACK_SECONDS = 0.004
+
+
+def _burn(seconds):
+    """Spend ``seconds`` of this thread's CPU time (a known CPU cost, unlike a sleep)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+class _SleepySamples:
+    """``__getitem__`` sleeps ``delay`` seconds: a known time that needs no CPU."""
+
+    def __init__(self, n, delay):
+        self.n, self.delay = n, delay
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.delay)
+        return np.full(4, i, np.float32)
+
+
+class _CpuSamples(_SleepySamples):
+    """``__getitem__`` computes for ``delay`` seconds of CPU: more workers than CPUs cannot help."""
+
+    def __getitem__(self, i):
+        _burn(self.delay)
+        return np.full(4, i, np.float32)
+
+
+class _SleepyCollate:
+    def __init__(self, delay):
+        self.delay = delay
+
+    def __call__(self, samples):
+        time.sleep(self.delay)
+        return np.stack(samples)
+
+
+class _CpuCollate(_SleepyCollate):
+    def __call__(self, samples):
+        _burn(self.delay)
+        return np.stack(samples)
+
+
+@pytest.fixture
+def two_cpus():
+    """This process (and the workers it forks) on exactly 2 CPUs, so that the truth
+    of 'too few workers for the CPUs' is known; skipped where 2 are not usable."""
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("os.sched_setaffinity is not available on this platform")
+    before = os.sched_getaffinity(0)
+    if len(before) < 2:
+        pytest.skip(f"this process may use only {len(before)} CPU; the verdict cases need 2")
+    os.sched_setaffinity(0, sorted(before)[:2])
+    try:
+        if cpu_limits().usable != 2:
+            pytest.skip(f"a cgroup CPU quota of {cpu_limits().quota} leaves fewer than 2 CPUs")
+        yield 2
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def test_stage_times_add_up_to_the_workers_busy_time():
+    delay, collate_delay, batch = 0.002, 0.005, 4
+    with DataLoader(_SleepySamples(80, delay), batch_size=batch, shuffle=False,
+                    num_workers=1, prefetch=4, collate_fn=_SleepyCollate(collate_delay)) as loader:
+        for _ in range(2):
+            list(loader)  # an empty loop: the worker always has its next task queued
+        rows = loader.stats.recent_batches()
+    assert len(rows) == 40 and set(rows["worker"].tolist()) == {0}
+    fetch = rows["fetch_ns"] * 1e-9
+    collate = rows["collate_ns"] * 1e-9
+    assert np.all(fetch >= batch * delay)
+    assert np.median(fetch) < batch * delay + SLEEP_SLACK_SECONDS
+    assert np.all(collate >= collate_delay)
+    assert np.median(collate) < collate_delay + SLEEP_SLACK_SECONDS
+    busy = (rows["fetch_ns"] + rows["collate_ns"] + rows["transforms_ns"] + rows["write_ns"])
+    # With its next task always queued, the worker starts batch k + 1 as soon
+    # as batch k is written: the time between starts is its busy time.
+    for epoch in (0, 1):
+        sel = rows["epoch"] == epoch
+        start, dur = rows["start_ns"][sel], busy[sel]
+        gaps = np.diff(start) - dur[:-1]
+        assert np.all(gaps >= 0)
+        assert np.median(gaps) < 0.05 * np.median(dur), (gaps, dur)
+    figures = loader.stats.workers[0]
+    assert figures.batches == 40
+    assert figures.busy_fraction > 0.9
+    assert figures.busy_seconds == pytest.approx(busy.sum() * 1e-9, rel=1e-6)
+    assert figures.fetch_seconds == pytest.approx(fetch.sum(), rel=1e-6)
+    stages = loader.stats.stages
+    assert stages["fetch"].median_seconds == pytest.approx(np.median(fetch))
+    assert stages["collate"].total_seconds == pytest.approx(collate.sum(), rel=1e-6)
+    assert stages["worker"].median_seconds >= batch * delay + collate_delay
+    # The main process: its waits and decodes are parts of the time between batches.
+    assert np.all(rows["wait"] + rows["decode"] <= rows["wall"] + 1e-6)
+    assert stages["wait"].total_seconds == pytest.approx(loader.stats.wait_seconds)
+
+
+def test_stage_times_in_process():
+    delay, collate_delay = 0.002, 0.003
+
+    def add_one(x):
+        time.sleep(collate_delay)
+        return x + 1
+
+    with DataLoader(_SleepySamples(24, delay), batch_size=4, shuffle=False, num_workers=0,
+                    transforms=add_one) as loader:
+        list(loader)
+        rows = loader.stats.recent_batches()
+        ws = loader.stats.workers
+    assert set(rows["worker"].tolist()) == {-1}
+    assert np.all(rows["fetch_ns"] >= 4 * delay * 1e9)
+    assert np.all(rows["transforms_ns"] >= collate_delay * 1e9)
+    assert np.all(rows["write_ns"] == 0) and np.all(rows["start_ns"] == 0)
+    # In-process, making the batch is the wait.
+    made = (rows["fetch_ns"] + rows["collate_ns"] + rows["transforms_ns"]) * 1e-9
+    assert np.all(rows["wait"] >= made)
+    assert list(ws) == [-1] and ws[-1].busy_fraction is None
+    assert loader.stats.worker_busy_fraction is None
+
+
+def _feed(stats, batches, worker, busy_ns, gap_ns, start_ns, wall=1e-3, wait=0.0):
+    """Synthetic batches of one worker: each busy ``busy_ns``, ``gap_ns`` apart."""
+    t = start_ns
+    for _ in range(batches):
+        stats.record_wait(wait)
+        stats.record_batch(8, worker, (busy_ns // 2, busy_ns // 4, 0, busy_ns - busy_ns // 2
+                                       - busy_ns // 4, t), 1e-6, wall)
+        t += busy_ns + gap_ns
+
+
+def test_worker_busy_fraction_is_busy_time_over_the_workers_window():
+    s = LoaderStats()
+    s.begin_epoch(0)
+    t0 = time.perf_counter_ns()
+    _feed(s, 10, 0, 1_000_000, 0, t0)             # always busy
+    _feed(s, 10, 1, 1_000_000, 1_000_000, t0)     # idle half the time
+    ws = s.workers
+    assert ws[0].busy_fraction == pytest.approx(1.0)
+    assert ws[1].busy_fraction == pytest.approx(10 / 19)  # 10 ms busy in a 19 ms window
+    assert ws[0].busy_seconds == pytest.approx(0.010)
+    assert ws[1].elapsed_seconds == pytest.approx(0.019)
+    assert s.worker_busy_fraction == pytest.approx(20 / 29)
+    s.end_epoch(0)
+    # The next epoch: a gap between epochs is not idle time, and a task the
+    # worker started before the epoch began counts only from its start.
+    s.begin_epoch(1)
+    begin = s._marks[-1][2]
+    _feed(s, 1, 0, 2_000_000, 0, begin - 1_000_000)   # half of it before the epoch began
+    _feed(s, 4, 0, 1_000_000, 0, begin + 1_000_000)
+    w0 = s.workers[0]
+    assert w0.busy_seconds == pytest.approx(0.010 + 0.001 + 0.004)
+    assert w0.elapsed_seconds == pytest.approx(0.010 + 0.005)
+    assert w0.batches == 15
+
+
+def test_recent_batches_are_bounded_and_totals_are_exact():
+    s = LoaderStats()
+    n = 3 * RECENT_BATCHES + 123
+    s.begin_epoch(0)
+    t0 = time.perf_counter_ns()
+    for k in range(n):
+        s.record_wait(1e-4)
+        s.record_batch(2, k % 3, (1000, 200, 30, 4, t0 + 2000 * k), 1e-5, 1e-3)
+    s.end_epoch(0)
+    rows = s.recent_batches()
+    assert len(rows) == RECENT_BATCHES
+    assert rows["time"][-1] == pytest.approx(n * 1e-3)
+    assert np.allclose(rows["wait"], 1e-4)
+    st = s.stages
+    assert st["fetch"].total_seconds == pytest.approx(n * 1000e-9)
+    assert st["write"].total_seconds == pytest.approx(n * 4e-9)
+    assert st["worker"].median_seconds == pytest.approx(1234e-9)
+    assert st["wait"].p95_seconds == pytest.approx(1e-4)
+    assert sum(f.batches for f in s.workers.values()) == n
+    assert (s.batches, s.samples) == (n, 2 * n)
+    assert len(s._raw) < _stats._RAW_FOLD
+
+
+def test_uploads_are_timed_per_batch():
+    s = LoaderStats()
+    s.begin_epoch(0)
+    for k in range(5):
+        if k % 2:
+            s.record_upload(0.002)
+        s.record_batch(1, -1, (10, 0, 0, 0, 0), 0.0, 0.01)
+    rows = s.recent_batches()
+    assert rows["upload"].tolist() == [0.0, 0.002, 0.0, 0.002, 0.0]
+    assert s.stages["upload"].total_seconds == pytest.approx(0.004)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_history_has_one_record_per_finished_epoch(workers):
+    with DataLoader(_dataset(), batch_size=BATCH, seed=0, num_workers=workers) as loader:
+        for _ in range(3):
+            for _ in loader:
+                time.sleep(0.001)
+        for k, _ in enumerate(loader):  # an unfinished epoch has no record
+            if k == 2:
+                break
+        s = loader.stats
+        hist = s.history
+    assert [r.epoch for r in hist] == [0, 1, 2]
+    for r in hist:
+        assert (r.batches, r.samples) == (7, N)
+        assert r.seconds >= 6 * 0.001  # the steps between its 7 batches
+        assert r.batches_per_second == pytest.approx(r.batches / r.seconds)
+        assert 0 <= r.wait_fraction <= 1
+    assert sum(r.seconds for r in hist) < s.wall_seconds
+
+
+def test_reset_starts_the_figures_afresh():
+    with DataLoader(_dataset(), batch_size=BATCH, seed=0, num_workers=2) as loader:
+        list(loader)
+        s = loader.stats
+        slots, nbytes = s.ring_slots, s.ring_bytes
+        it = iter(loader)
+        next(it)
+        s.reset()
+        assert (s.batches, s.samples, s.epochs, s.wait_seconds, s.wall_seconds) == (0, 0, 0, 0, 0)
+        assert s.history == [] and s.workers == {} and s.bottleneck is None
+        assert len(s.recent_batches()) == 0
+        assert (s.ring_slots, s.ring_bytes) == (slots, nbytes)  # the ring is still there
+        rest = list(it)  # the epoch under way goes on being measured
+        assert s.batches == len(rest) == 6 and s.epochs == 1
+        assert [r.batches for r in s.history] == [6]
+        list(loader)
+        assert s.batches == 13 and s.epochs == 2
+
+
+def test_as_dict_carries_the_new_figures_and_round_trips_through_json():
+    with DataLoader(_dataset(), batch_size=BATCH, seed=0, num_workers=2) as loader:
+        for _ in range(2):
+            list(loader)
+        d = loader.stats.as_dict()
+    back = json.loads(json.dumps(d, allow_nan=False))
+    assert back == d
+    assert set(d["stages"]) == set(_stats.STAGES)
+    assert set(d["stages"]["fetch"]) == {"total_seconds", "median_seconds", "p95_seconds"}
+    assert [w["worker"] for w in d["workers"]] == [0, 1]
+    assert len(d["history"]) == 2 and d["history"][0]["batches"] == 7
+    assert d["bottleneck"] in ("loader", "step")
+    assert d["verdict"]["bottleneck"] == d["bottleneck"]
+    assert d["verdict"]["figures"]["cpus"] == cpu_limits().usable
+    # Before any batch: nothing to divide by, still JSON.
+    empty = LoaderStats().as_dict()
+    assert json.loads(json.dumps(empty, allow_nan=False)) == empty
+    assert empty["bottleneck"] is None
+
+
+def test_bottleneck_is_none_before_any_batch():
+    s = LoaderStats()
+    assert s.bottleneck is None
+    assert "no batch yet" in s.summary()
+
+
+def _run_and_judge(loader, epochs, step=0.0):
+    for _ in range(epochs):
+        for _ in loader:
+            if step:
+                time.sleep(step)
+    return loader.stats.verdict, loader.stats.summary()
+
+
+def test_verdict_slow_dataset_fast_step_names_the_dataset(two_cpus):
+    # Workers as many as the CPUs, each sample 2 ms of CPU, an empty loop:
+    # the loader limits it, and more workers cannot help.
+    with DataLoader(_CpuSamples(64, 0.002), batch_size=4, num_workers=two_cpus,
+                    seed=0) as loader:
+        v, line = _run_and_judge(loader, 2)
+    assert v.bottleneck == "loader" == loader.stats.bottleneck
+    assert "the loader is the bottleneck" in line
+    assert "more workers cannot help" in v.advice
+    assert v.figures["slowest_stage"] == "fetch"
+    assert "slowest stage is fetch" in v.reason
+    assert v.figures["worker_busy_fraction"] > 0.8
+
+
+def test_verdict_fast_dataset_slow_step_says_the_step(two_cpus):
+    with DataLoader(_dataset(400), batch_size=BATCH, num_workers=2, seed=0) as loader:
+        list(loader)  # warm-up: pool start, slots sized
+        v, line = _run_and_judge(loader, 1, step=0.01)
+    assert v.bottleneck == "step"
+    assert "the training step is the bottleneck" in line
+    assert "the loader idles" in v.reason
+    m = re.search(r"the loader idles (\d+)% of the time \(2 workers busy (\d+)%\)", line)
+    assert m and int(m.group(1)) >= 50, line
+    assert v.loader_fraction < LOADER_BOUND_FRACTION
+    assert "nothing to change in the loader" in v.advice
+
+
+def test_verdict_slow_collate_names_collate(two_cpus):
+    with DataLoader(_dataset(200), batch_size=BATCH, num_workers=two_cpus, seed=0,
+                    collate_fn=_CpuCollate(0.008)) as loader:
+        v, _ = _run_and_judge(loader, 2)
+    assert v.bottleneck == "loader"
+    assert v.figures["slowest_stage"] == "collate"
+    assert "slowest stage is collate" in v.reason
+    assert "more workers cannot help" in v.advice and "make collate cheaper" in v.advice
+
+
+def test_verdict_too_few_workers_for_the_cpus(two_cpus):
+    # The issue's case: 1 worker taking 25 ms a batch, a 20 ms step.  The loop
+    # waits about 5 ms of every 25: the loader limits it, and a second worker
+    # on the second CPU would keep up.
+    with DataLoader(_SleepySamples(120, 0.00625), batch_size=4, num_workers=1,
+                    seed=0) as loader:
+        v, line = _run_and_judge(loader, 1, step=0.02)
+    assert v.bottleneck == "loader"
+    assert "the loader is the bottleneck" in line
+    assert 0.1 < v.figures["wait_fraction"] < 0.5
+    assert "more workers would help" in v.advice
+    assert "try num_workers=2" in v.advice
+    assert re.search(r"(\d\.\d)x faster", v.reason)
+
+
+def test_verdict_in_process_suggests_workers(two_cpus):
+    with DataLoader(_SleepySamples(40, 0.002), batch_size=4, num_workers=0) as loader:
+        v, _ = _run_and_judge(loader, 1)
+    assert v.bottleneck == "loader"
+    assert "more workers would help: num_workers=2" in v.advice
+
+
+def test_plot_writes_a_png_that_loads(tmp_path):
+    mpl_image = pytest.importorskip(
+        "matplotlib.image", reason="matplotlib is not installed (the 'plot' extra)")
+    with DataLoader(_dataset(), batch_size=BATCH, seed=0, num_workers=2) as loader:
+        for _ in range(3):
+            for _ in loader:
+                time.sleep(0.001)
+        path = loader.stats.plot(tmp_path / "stats.png")
+    img = mpl_image.imread(path)
+    assert img.ndim == 3 and img.shape[0] > 200 and img.shape[1] > 600
+    # Nothing measured yet: still a picture.
+    LoaderStats().plot(tmp_path / "empty.png")
+    assert (tmp_path / "empty.png").stat().st_size > 0

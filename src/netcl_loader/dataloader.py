@@ -42,19 +42,25 @@ from .shared_batch import OutputPool, convert_output
 __all__ = ["DataLoader", "WorkerError", "LoaderStats"]
 
 class DataLoader:
-    """Batches from a map-style dataset, made by a persistent pool of worker processes.
+    """Batches from a dataset, made by a persistent pool of worker processes.
 
     Workers fetch samples, stack them straight into a slot of a shared-memory
     ring (one memcpy per sample, without the GIL), run ``transforms`` and
     publish the slot; the main process hands the batch to the training loop as
-    NumPy arrays, or, with an OpenCL queue bound (:meth:`bind_queue`), as
-    device arrays whose upload overlaps the previous step.
+    NumPy arrays (or torch tensors, see ``output``), or, with an OpenCL queue
+    bound (:meth:`bind_queue`), as device arrays whose upload overlaps the
+    previous step.  PyTorch code switches with one import:
+    :class:`netcl_loader.torch.DataLoader` is this loader with PyTorch's
+    signature and defaults.
 
     Parameters
     ----------
-    dataset : map-style dataset
-        Has ``__len__`` and ``__getitem__`` (and optionally ``__getitems__``).
-    batch_size : int, default 32
+    dataset : map-style or iterable-style dataset
+        ``__len__`` and ``__getitem__`` (optionally ``__getitems__`` or the batch
+        fast path ``gather_batch``), or ``__iter__`` (any
+        ``torch.utils.data.IterableDataset``).
+    batch_size : int or None, default 32
+        ``None``: no batching, each sample as fetched.
     shuffle : bool, default True
         A new permutation each epoch, drawn from ``seed`` and the epoch alone.
     drop_last : bool, default False
@@ -66,7 +72,7 @@ class DataLoader:
         ``prefetch + 2`` slots.
     seed : int, optional
         Base seed of the order and of the workers' RNGs; drawn once per
-        loader when omitted.
+        loader (from ``generator`` when given) when omitted.
     transforms : callable or sequence of callables, optional
         Run on each batch in the worker, as ``f(*batch)`` for a tuple batch and
         ``f(batch)`` otherwise; each returns the new batch.
@@ -84,7 +90,7 @@ class DataLoader:
     in_order : bool, default True
         Yield batches in order; ``False`` yields them as they finish.
     timeout : float, optional
-        Seconds to wait for one batch before a TimeoutError.
+        Seconds to wait for one batch before a TimeoutError; 0 or None: none.
     worker_init_fn : callable, optional
         ``worker_init_fn(worker_id)``, once in each new worker.
     multiprocessing_context : str or context, optional
@@ -92,6 +98,27 @@ class DataLoader:
         Linux, spawn elsewhere by default.
     rank, world_size : int, optional
         Distributed sharding as ``DistributedSampler`` does it (both or neither).
+    output : {None, "numpy", "torch"}, default None
+        None: tensor leaves give tensor batches, arrays and numbers NumPy
+        arrays; "torch": every array and number leaf gives a tensor (made on
+        the slot's memory, no copy); "numpy": tensors give NumPy arrays.
+    worker_seeding : {"batch", "worker"}, default "batch"
+        "batch": the RNGs (random, NumPy, torch) are seeded before each batch
+        from ``(seed, epoch, batch index)``: the same random transforms for
+        every ``num_workers`` and after a resume.  "worker": PyTorch's, once
+        per worker at its start, before ``worker_init_fn``.
+    prefetch_factor : int, optional
+        PyTorch's: batches in flight per worker (``prefetch`` is then
+        ``prefetch_factor * num_workers``); not with ``prefetch`` nor with
+        ``num_workers=0``.
+    persistent_workers : bool, default True
+        False: the pool ends after every epoch, as PyTorch's does.
+    pin_memory : bool, default False
+        With CUDA in torch, yielded tensors are page-locked; without an
+        accelerator, one UserWarning and nothing else changes.
+    pin_memory_device : str, default ""
+    generator : torch.Generator, optional
+        Draws the base seed when ``seed`` is None (not with ``seed``).
     device_queue, async_transfer :
         Deprecated: use :meth:`bind_queue`.
 
