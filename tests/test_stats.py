@@ -225,19 +225,29 @@ class _CpuSamples(_SleepySamples):
         return np.full(4, i, np.float32)
 
 
+def _stack(samples):
+    if isinstance(samples[0], tuple):
+        return tuple(np.stack(field) for field in zip(*samples))
+    return np.stack(samples)
+
+
 class _SleepyCollate:
+    """A ``collate_fn`` that sleeps ``delay`` seconds, then stacks."""
+
     def __init__(self, delay):
         self.delay = delay
 
     def __call__(self, samples):
         time.sleep(self.delay)
-        return np.stack(samples)
+        return _stack(samples)
 
 
 class _CpuCollate(_SleepyCollate):
+    """A ``collate_fn`` that computes for ``delay`` seconds of CPU, then stacks."""
+
     def __call__(self, samples):
         _burn(self.delay)
-        return np.stack(samples)
+        return _stack(samples)
 
 
 @pytest.fixture
@@ -284,7 +294,9 @@ def test_stage_times_add_up_to_the_workers_busy_time():
     figures = loader.stats.workers[0]
     assert figures.batches == 40
     assert figures.busy_fraction > 0.9
-    assert figures.busy_seconds == pytest.approx(busy.sum() * 1e-9, rel=1e-6)
+    # Busy time inside the windows: tasks prefetched before an epoch began
+    # count from its start only.
+    assert 0.9 * busy.sum() * 1e-9 <= figures.busy_seconds <= busy.sum() * 1e-9
     assert figures.fetch_seconds == pytest.approx(fetch.sum(), rel=1e-6)
     stages = loader.stats.stages
     assert stages["fetch"].median_seconds == pytest.approx(np.median(fetch))
