@@ -8,6 +8,7 @@ import numpy as np
 
 from ._pool import (LEASE_NEXT_CALL, LEASE_REFS, LEASE_UPLOAD, SLOT_GROWTH,
                     WorkerError)
+from ._order import Progress, numbered
 from ._protocol import BATCH, END, ERROR, rebuild_error
 from ._ring import PIPED, READY
 from ._tree import batch_len, read_only
@@ -31,6 +32,7 @@ DELIVERY = {
 #: never runs out of slots.
 MAX_LENT_SLOTS = 2
 
+
 def _describe_error(exc):
     """``Type: message`` of an exception; pyopencl errors also name the routine and code."""
     text = " ".join(str(a) for a in exc.args) if len(exc.args) > 1 else str(exc)
@@ -50,8 +52,7 @@ class EpochIterator:
         self.finished = False
         self.prestarted = prestarted     # started early by the loader, not yet handed out
         t0 = time.perf_counter()
-        self.done_prefix = prefix        # batches 0..prefix-1 are done
-        self.done_extra = set(extra)     # done batches past the prefix (in_order=False)
+        self.progress = Progress(prefix, extra)  # which batches of the epoch are done
         self.pending = {}                # seq -> (slot, worker id, n samples)
         self._last = None                # end of the previous next(), for wall time
         self.iterable = loader.iterable
@@ -61,16 +62,15 @@ class EpochIterator:
             # the order PyTorch yields them in.  A resume replays: the first
             # `prefix` batches are made again and dropped.
             self._replay = prefix
-            self.done_prefix = 0
+            self.progress = Progress()
             self._ended = set()
             self._next_seq = 0
             self._next_worker = 0
             self._tasks = None
         else:
-            # A frozen copy: _mark_done drops entries from done_extra as the
+            # A frozen copy: progress drops entries from its extra set as the
             # prefix passes them, and those batches must still be skipped.
-            self._tasks = self._numbered(loader._batches(epoch), prefix,
-                                         frozenset(self.done_extra))
+            self._tasks = numbered(loader._batches(epoch), prefix, frozenset(extra))
         self._tasks_left = True
         self.pool = None
         if not prestarted:
@@ -108,12 +108,15 @@ class EpochIterator:
         seq, self._next_seq = self._next_seq, self._next_seq + 1
         return seq, _NO_INDICES, wid
 
-    @staticmethod
-    def _numbered(batches, prefix, extra):
-        for seq, b in enumerate(batches):
-            if seq < prefix or seq in extra:
-                continue
-            yield seq, b
+    @property
+    def done_prefix(self):
+        """Batches 0..done_prefix-1 of the epoch are done."""
+        return self.progress.prefix
+
+    @property
+    def done_extra(self):
+        """Done batches past the prefix (out-of-order delivery)."""
+        return self.progress.extra
 
     def __iter__(self):
         return self
@@ -167,13 +170,13 @@ class EpochIterator:
                         if self.iterable:
                             self._ended.add(wid)  # the error ended its stream (SPEC section 11)
                         else:
-                            self._mark_done(seq)
+                            self.progress.mark(seq)
                         self._fill()
                         raise rebuild_error(msg.payload)
                     batch = self._upload_owned(loader._deliver(msg.payload))
                 if self.iterable and self._replay:
                     self._replay -= 1  # yielded before the resume: made again, dropped
-                    self.done_prefix += 1
+                    self.progress.prefix += 1
                     batch = None
                     continue
                 break
@@ -185,9 +188,9 @@ class EpochIterator:
             raise
         decode = time.perf_counter() - t_decode
         if self.iterable:
-            self.done_prefix += 1
+            self.progress.prefix += 1
         else:
-            self._mark_done(seq)
+            self.progress.mark(seq)
         self._fill()
         end = time.perf_counter()
         stats.record_batch(n if not self.iterable else batch_len(batch), wid, times, decode,
@@ -226,12 +229,12 @@ class EpochIterator:
                 if saved is not None:
                     saved.restore()
             if self.iterable:
-                self.done_prefix += 1
+                self.progress.prefix += 1
                 if self._replay:
                     self._replay -= 1
                     continue
             else:
-                self._mark_done(seq)
+                self.progress.mark(seq)
             break
         t_decode = time.perf_counter()
         batch = self._upload_owned(loader._deliver(batch))
@@ -244,15 +247,6 @@ class EpochIterator:
                            (fetch, coll, trans, 0, 0), end - t_decode, end - self._last)
         self._last = end
         return batch
-
-    def _mark_done(self, seq):
-        if seq == self.done_prefix:
-            self.done_prefix += 1
-            while self.done_prefix in self.done_extra:
-                self.done_extra.discard(self.done_prefix)
-                self.done_prefix += 1
-        else:
-            self.done_extra.add(seq)
 
     def _fill(self):
         pool = self.pool

@@ -12,7 +12,7 @@ __all__ = ["global_order", "local_order", "index_batches", "group", "num_batches
 STATE_VERSION = 1
 #: Keys every state must have.
 STATE_KEYS = ("version", "epoch", "batches_done", "extra_done", "seed", "dataset_len",
-               "batch_size", "drop_last", "shuffle", "world_size")
+              "batch_size", "drop_last", "shuffle", "world_size")
 
 
 def length_or_none(dataset):
@@ -32,8 +32,6 @@ def group(indices, batch_size, drop_last):
             batch = []
     if batch and not drop_last:
         yield batch
-
-
 
 
 def global_order(n, seed, epoch, shuffle):

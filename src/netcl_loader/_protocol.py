@@ -38,7 +38,6 @@ KIND_REMAP = 2
 FLAG_PICKLED_INDICES = 1  # indices are not all ints: the payload is a pickle
 
 
-
 #: Kinds of a Result.
 BATCH = "batch"     # payload: the batch
 ERROR = "error"     # payload: an error_record
@@ -67,7 +66,6 @@ def dumps(obj):
     buf = io.BytesIO()
     _Pickler(buf, pickle.HIGHEST_PROTOCOL).dump(obj)
     return buf.getbuffer()
-
 
 
 class Result(NamedTuple):
@@ -115,5 +113,3 @@ def rebuild_error(record):
         except Exception:
             pass
     return RuntimeError(msg)
-
-

@@ -31,6 +31,7 @@ PARENT_CHECK_SECONDS = 0.25
 #: prctl option: a signal for this process when its parent thread dies (Linux).
 _PR_SET_PDEATHSIG = 1
 
+
 class WorkerInfo(NamedTuple):
     """What a worker process knows about itself (``get_worker_info()``).
 

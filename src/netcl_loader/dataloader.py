@@ -41,6 +41,7 @@ from .shared_batch import OutputPool, convert_output
 
 __all__ = ["DataLoader", "WorkerError", "LoaderStats"]
 
+
 class DataLoader:
     """Batches from a dataset, made by a persistent pool of worker processes.
 
@@ -161,9 +162,9 @@ class DataLoader:
             # Judged on what the caller passed, and on whether it changes
             # anything: PyTorch code passes batch_size=1, shuffle=False, ...
             checks = (("batch_size", batch_size, passed_batch_size and batch_size != 1),
-                     ("shuffle", shuffle, passed_shuffle and bool(shuffle)),
-                     ("drop_last", drop_last, passed_drop_last and bool(drop_last)),
-                     ("sampler", sampler, sampler is not None))
+                      ("shuffle", shuffle, passed_shuffle and bool(shuffle)),
+                      ("drop_last", drop_last, passed_drop_last and bool(drop_last)),
+                      ("sampler", sampler, sampler is not None))
             conflicts = [f"{n}={v!r}" for n, v, clash in checks if clash]
             if conflicts:
                 raise ValueError(f"batch_sampler={batch_sampler!r} is mutually exclusive with "
