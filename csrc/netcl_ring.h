@@ -199,10 +199,14 @@ static inline int64_t netcl_queue_pop(netcl_queue_t *q, const uint32_t *entries,
 /* Assign FREE slot `s` a task and write its indices into the slot's index
  * area (`area`, `index_bytes` long: a length word, then int64 indices).
  * Returns 1 when the indices fit there, 0 when they must travel by pipe
- * (the slot is assigned either way), -1 when the slot was not FREE. */
+ * (the slot is assigned either way), -1 when the slot was not FREE (and is
+ * left as it was). */
 static inline int netcl_ring_assign(netcl_slot_header_t *s, char *area, uint32_t index_bytes,
                                     uint32_t token, uint64_t seq, uint32_t owner, uint32_t epoch,
                                     const int64_t *indices, uint64_t n) {
+    /* Claim first: a slot someone else claimed (producers that claim slots
+     * themselves race for FREE ones) must keep its fields untouched. */
+    if (!netcl_cas(&s->state, NETCL_FREE, NETCL_ASSIGNED)) return -1;
     s->token = token;
     s->seq = seq;
     s->owner = owner;
@@ -214,9 +218,9 @@ static inline int netcl_ring_assign(netcl_slot_header_t *s, char *area, uint32_t
         *(uint64_t *)area = n * 8u;
         if (n) memcpy(area + 8, indices, n * 8u);
     }
-    /* The task's fields are written before the state says ASSIGNED; the
-     * worker reads them after it pops the entry (release/acquire on the queue). */
-    if (!netcl_cas(&s->state, NETCL_FREE, NETCL_ASSIGNED)) return -1;
+    /* The worker reads the fields after it pops the task's entry, which the
+     * owner pushes after this returns (release/acquire on the queue); a
+     * consumer reads them only after the publish (release/acquire on state). */
     return fits;
 }
 

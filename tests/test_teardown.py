@@ -152,7 +152,8 @@ KILL_PROGRAMS = {
             print("PIDS", *loader.worker_pids, flush=True)
             closer = threading.Thread(target=loader.close)
             closer.start()
-            time.sleep(0.5)
+            # close() gives stuck workers STOP_SECONDS (0.25 s) before it ends them.
+            time.sleep(0.05)
             print("IN_CLOSE" if closer.is_alive() else "CLOSED", flush=True)
             print("KILL", flush=True)
             time.sleep(60)

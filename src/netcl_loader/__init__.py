@@ -15,4 +15,15 @@ from .gpu_batch import GpuBatch
 __version__ = "0.1.0"
 
 __all__ = ["DataLoader", "ArrayDataset", "Subset", "random_split", "get_worker_info",
-           "WorkerInfo", "GpuBatch", "WorkerError", "LoaderStats", "__version__"]
+           "WorkerInfo", "GpuBatch", "WorkerError", "LoaderStats", "tune", "__version__"]
+
+
+def __getattr__(name):
+    # tune() is re-exported on first use, not at import: `python -m
+    # netcl_loader.tune` runs the module as __main__, and runpy warns when
+    # the package has imported it before.
+    if name == "tune":
+        from .tune import tune
+        globals()["tune"] = tune  # replaces the submodule the import bound here
+        return tune
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

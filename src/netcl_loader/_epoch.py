@@ -9,7 +9,7 @@ import numpy as np
 from ._pool import (LEASE_NEXT_CALL, LEASE_REFS, LEASE_UPLOAD, SLOT_GROWTH,
                     WorkerError)
 from ._order import Progress, numbered
-from ._protocol import BATCH, END, ERROR, rebuild_error
+from ._protocol import BATCH, END, ERROR, ERROR_END, rebuild_error
 from ._ring import PIPED, READY
 from ._tree import batch_len, read_only
 from ._worker import RngStates, StreamEnd
@@ -129,74 +129,99 @@ class EpochIterator:
         if self.finished:
             raise StopIteration
         loader = self.loader
-        stats = loader._stats
         now = time.perf_counter()
         if self._last is None:
             self._last = now
         if self.pool is None:
             return self._next_inline(now)
         try:
-            while True:
-                self._reclaim(next_call=True)
-                self._fill()
-                while not self.pending:
-                    if not self._tasks_left:
-                        self._finish()
-                        raise StopIteration
-                    self._wait_for_slot()  # every slot is leased or still stale
-                    self._fill()
-                seq, slot, wid, n = self._wait()
-                header = self.pool.header
-                times = header.times(slot)  # the worker's stage times, before the slot is freed
-                t_decode = time.perf_counter()
-                state = header.state(slot)
-                if state == READY:
-                    batch = self._take_ready(slot)
-                else:  # PIPED
-                    t0 = time.perf_counter()
-                    msg = self.pool.recv(wid, self.token, seq, loader.timeout)
-                    stats.record_wait(time.perf_counter() - t0)
-                    needed = self.pool.header.result(slot)[2]
-                    if needed:
-                        stats.piped_batches += 1
-                        self.pool.slot_need = max(self.pool.slot_need, int(needed * SLOT_GROWTH))
-                    elif not loader.use_shared_mem and msg.kind == BATCH:
-                        stats.piped_batches += 1
-                    self.pool.release(slot)
-                    if msg.kind == END:  # this worker's stream has ended
-                        self._ended.add(wid)
-                        continue
-                    if msg.kind == ERROR:
-                        if self.iterable:
-                            self._ended.add(wid)  # the error ended its stream (SPEC section 11)
-                        else:
-                            self.progress.mark(seq)
-                        self._fill()
-                        raise rebuild_error(msg.payload)
-                    batch = self._upload_owned(loader._deliver(msg.payload))
-                if self.iterable and self._replay:
-                    self._replay -= 1  # yielded before the resume: made again, dropped
-                    self.progress.prefix += 1
-                    batch = None
-                    continue
-                break
+            got = self._receive()
         except (WorkerError, EOFError, OSError):
+            # The loader's own faults (a dead worker, a lost pipe, a timeout)
+            # end the iteration; errors of the user's code come back below.
             self.finished = True
             loader._stopped = (self.epoch, self.done_prefix, set(self.done_extra))
             self.pending = {}
             loader._end_epoch_pool()
             raise
-        decode = time.perf_counter() - t_decode
+        if isinstance(got, BaseException):
+            raise got  # the dataset's, collate_fn's or a transform's: the epoch goes on
+        batch, seq, wid, n, times, decode = got
         if self.iterable:
             self.progress.prefix += 1
         else:
             self.progress.mark(seq)
         self._fill()
+        self._kick_if_behind()
         end = time.perf_counter()
-        stats.record_batch(n if not self.iterable else batch_len(batch), wid, times, decode,
-                           end - self._last)
+        loader._stats.record_batch(n if not self.iterable else batch_len(batch), wid, times,
+                                   decode, end - self._last)
         self._last = end
         return batch
+
+    def _receive(self):
+        """The next batch as ``(batch, seq, worker id, samples, stage times, decode
+        seconds)``, or the exception a worker's user code raised for it."""
+        loader, stats = self.loader, self.loader._stats
+        while True:
+            self._reclaim(next_call=True)
+            self._fill()
+            while not self.pending:
+                if not self._tasks_left:
+                    self._finish()
+                    raise StopIteration
+                self._wait_for_slot()  # every slot is leased or still stale
+                self._fill()
+            seq, slot, wid, n = self._wait()
+            header = self.pool.header
+            times = header.times(slot)  # the worker's stage times, before the slot is freed
+            t_decode = time.perf_counter()
+            if header.state(slot) == READY:
+                try:
+                    batch = self._take_ready(slot)
+                except BaseException:
+                    # Not delivered (its slot is free again, see _take_ready):
+                    # the batch counts as done, so the state stays whole.
+                    if not self.iterable:
+                        self.progress.mark(seq)
+                    raise
+            else:  # PIPED
+                t0 = time.perf_counter()
+                msg = self.pool.recv(wid, self.token, seq, loader.timeout)
+                stats.record_wait(time.perf_counter() - t0)
+                needed = header.result(slot)[2]
+                if needed:
+                    stats.piped_batches += 1
+                    self.pool.slot_need = max(self.pool.slot_need, int(needed * SLOT_GROWTH))
+                elif not loader.use_shared_mem and msg.kind == BATCH:
+                    stats.piped_batches += 1
+                self.pool.release(slot)
+                if msg.kind == END:  # this worker's stream has ended
+                    self._ended.add(wid)
+                    continue
+                if msg.kind == ERROR or msg.kind == ERROR_END:
+                    if msg.kind == ERROR_END:
+                        self._ended.add(wid)  # the stream raised: it ended (SPEC section 11)
+                    if not self.iterable:
+                        self.progress.mark(seq)
+                    self._fill()
+                    return rebuild_error(msg.payload)
+                batch = self._upload_owned(loader._deliver(msg.payload))
+            if self.iterable and self._replay:
+                self._replay -= 1  # yielded before the resume: made again, dropped
+                self.progress.prefix += 1
+                batch = None
+                continue
+            return batch, seq, wid, n, times, time.perf_counter() - t_decode
+
+    def _kick_if_behind(self):
+        """Tasks queued quietly wait for a worker's wake; when the next batch is not
+        ready yet, the workers must be at work now, not when the caller is back."""
+        if self.pending and self.loader.in_order:
+            slot = self.pending[next(iter(self.pending))][0]
+            st = self.pool.header.state(slot)
+            if st != READY and st != PIPED:
+                self.pool.kick_all()
 
     def _next_inline(self, now):
         loader = self.loader
@@ -223,7 +248,10 @@ class EpochIterator:
                 raise StopIteration from None
             except Exception:
                 if self.iterable:
-                    self._finish()  # an error ends the stream
+                    if maker.stream is None:
+                        self._finish()  # the stream raised: it ended (SPEC section 11)
+                else:
+                    self.progress.mark(seq)  # counted done, as a worker's failed batch is
                 raise
             finally:
                 if saved is not None:
@@ -349,28 +377,39 @@ class EpochIterator:
 
     # -- delivery -----------------------------------------------------------------
     def _take_ready(self, slot):
-        """The batch of a READY slot, delivered as one row of DELIVERY says."""
+        """The batch of a READY slot, delivered as one row of DELIVERY says.
+
+        Every way out frees or leases the slot: a batch that cannot be decoded
+        (no memory for the copy, a record that does not load) frees it.
+        """
         loader, pool = self.loader, self.pool
         meta_off, meta_len, _ = pool.header.result(slot)
         # The region's references before any view of it exists (and before
         # `seg` below holds one): a lent slot is free again once back to this.
         base = pool.refs(slot)
         seg = pool.ring.segment(slot)
-        if loader._uploader is not None:
-            # NumPy views: the uploader copies float32 arrays to the device and
-            # the other fields out of the slot (tensors would pass as they are).
-            batch = self._upload(decode(seg, meta_off, meta_len, VIEW, output="numpy"), slot)
-            if batch is not None:
-                return batch
-        if loader.zero_copy:
-            mode = "zero_copy"
-        elif loader._uploader is None and pool.lent_count() < MAX_LENT_SLOTS:
-            mode = "lend"
-        else:
-            mode = "copy"
-        how, lease = DELIVERY[mode]
-        batch = decode(seg, meta_off, meta_len, how, loader._out_pool if how == COPY else None,
-                       output=loader.output)
+        try:
+            if loader._uploader is not None:
+                # NumPy views: the uploader copies float32 arrays to the device
+                # and the other fields out of the slot (tensors pass as they are).
+                views = decode(seg, meta_off, meta_len, VIEW, output="numpy")
+                batch = self._upload(views, slot)
+                del views
+                if batch is not None:
+                    return batch
+            if loader.zero_copy:
+                mode = "zero_copy"
+            elif loader._uploader is None and pool.lent_count() < MAX_LENT_SLOTS:
+                mode = "lend"
+            else:
+                mode = "copy"
+            how, lease = DELIVERY[mode]
+            batch = decode(seg, meta_off, meta_len, how,
+                           loader._out_pool if how == COPY else None, output=loader.output)
+        except BaseException:
+            if slot not in pool.leases:
+                pool.release(slot)
+            raise
         if lease is None:
             pool.release(slot)
         else:

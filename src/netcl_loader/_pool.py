@@ -11,15 +11,19 @@ import weakref
 import numpy as np
 
 from ._protocol import (ENTRY_PIPED_TASK, ENTRY_REMAP, ENTRY_STOP, ENTRY_TASK,
-                        FLAG_PICKLED_INDICES, KIND_REMAP, KIND_TASK, TASK_HEADER)
+                        FLAG_PICKLED_INDICES, KIND_REMAP, KIND_TASK, TASK_HEADER, send_fd)
 from ._ring import CANCELLED, PIPED, READY
 from ._worker import Lifeline, WorkerConfig, worker_loop
 from .shared_batch import SharedBatchRingBuffer
 
 __all__ = ["Pool", "WorkerError"]
 
-#: Seconds a worker gets to exit after STOP before it is terminated, then killed.
+#: Seconds workers get to take STOP and exit by themselves.
+STOP_SECONDS = 0.25
+#: Seconds a worker gets to exit in all before it is terminated, then killed.
 JOIN_SECONDS = 2.0
+#: Seconds a worker whose pipe closed gets to finish exiting (for its exit code).
+LOST_EXIT_SECONDS = 0.5
 #: Seconds between liveness checks of the workers while waiting for a batch.
 LIVENESS_CHECK_SECONDS = 0.05
 #: Headroom given to a slot that grows, so that slightly larger batches fit.
@@ -66,10 +70,17 @@ _MAIN_ONLY_FDS = set()
 
 
 def _shutdown(procs, conns, header, lifeline):
-    """End worker processes: STOP, then the lifeline, then terminate, then kill; close the pipes."""
+    """End worker processes: cancel queued tasks and STOP, then the lifeline, then
+    terminate, then kill; close the pipes.
+
+    Within ``JOIN_SECONDS`` in every case: a worker busy with a batch is not
+    waited for (the lifeline's EOF makes its watchdog end it), so a
+    WorkerError for one dead worker is not held up by the others' work.
+    """
+    header.set_token(0xFFFFFFFF)  # no iteration has this token: queued tasks are skipped
     for wid in range(len(procs)):
         header.push(wid, ENTRY_STOP)  # a full queue: the lifeline below ends it
-    deadline = time.monotonic() + JOIN_SECONDS
+    deadline = time.monotonic() + STOP_SECONDS
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))
     for c in conns + [lifeline]:
@@ -82,9 +93,10 @@ def _shutdown(procs, conns, header, lifeline):
         except OSError:
             pass
     # The lifeline's EOF makes every worker still running exit at once.
+    deadline = time.monotonic() + JOIN_SECONDS - STOP_SECONDS
     for p in procs:
         if p.exitcode is None:
-            p.join(0.5)
+            p.join(max(0.05, deadline - time.monotonic()))
         if p.exitcode is None:
             p.terminate()
             p.join(0.5)
@@ -193,13 +205,12 @@ class Pool:
     # -- slots -------------------------------------------------------------------
     def grow(self, slot, nbytes):
         """Give ``slot`` a larger region and hand it to every worker (before any task uses it)."""
-        from multiprocessing import reduction
         seg = self.ring.grow(slot, nbytes)
         msg = TASK_HEADER.pack(KIND_REMAP, 0, 0, seg.nbytes, slot, 0)
         for wid, (p, c) in enumerate(zip(self.procs, self.conns)):
             self.send(wid, msg)
             try:
-                reduction.send_handle(c, seg.handle, p.pid)
+                send_fd(c, seg.handle, p.pid)
             except (OSError, ValueError):
                 self.lost(wid)
             self.push(wid, ENTRY_REMAP | slot)
@@ -221,7 +232,7 @@ class Pool:
     def lost(self, wid):
         """Worker ``wid``'s pipe is closed: it is dying; raise the WorkerError that names it."""
         p = self.procs[wid]
-        p.join(JOIN_SECONDS)  # its exit code, once the exit completes
+        p.join(LOST_EXIT_SECONDS)  # its exit code, once the exit completes
         self.check_alive()
         self.close()
         raise WorkerError(f"lost the connection to DataLoader worker {wid} (pid {p.pid})", pid=p.pid)
@@ -247,8 +258,8 @@ class Pool:
         self.slot_task[slot] = (token, seq, wid)
         if isinstance(indices, np.ndarray) and indices.dtype == np.int64:
             idx = indices if indices.flags.c_contiguous else np.ascontiguousarray(indices)
-        elif all(type(i) is int for i in indices):
-            idx = np.asarray(indices, np.int64)
+        elif all(type(i) is int or isinstance(i, np.integer) for i in indices):
+            idx = np.asarray(indices, np.int64)  # a sampler's ints or NumPy ints
         else:
             idx = None  # not all ints (a sampler's keys): pickled on the pipe
         # One C call: the task's fields, FREE -> ASSIGNED, the indices in the

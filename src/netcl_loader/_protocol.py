@@ -14,6 +14,7 @@ import io
 import os
 import pickle
 import struct
+import sys
 import traceback
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, NamedTuple
@@ -41,6 +42,7 @@ FLAG_PICKLED_INDICES = 1  # indices are not all ints: the payload is a pickle
 #: Kinds of a Result.
 BATCH = "batch"     # payload: the batch
 ERROR = "error"     # payload: an error_record
+ERROR_END = "error_end"  # an error_record of an error raised by a worker's stream, which ended it
 END = "end"         # the worker's stream of an iterable-style dataset has ended
 
 
@@ -61,6 +63,44 @@ class _Pickler(ForkingPickler):
         return NotImplemented
 
 
+def send_fd(conn, fd, pid):
+    """Pass descriptor ``fd`` to the process ``pid`` at the other end of ``conn``.
+
+    POSIX: one ``sendmsg`` with SCM_RIGHTS.  multiprocessing's ``send_handle``
+    waits on macOS for the receiver's acknowledgement byte, on a pipe the
+    worker reads only when it gets to the entry that follows, and the byte
+    could be confused with a result: the sender here keeps the region (and
+    so the descriptor) alive until the worker has mapped it, so no
+    acknowledgement is needed.  Windows: ``DuplicateHandle`` into ``pid``.
+    """
+    if sys.platform == "win32":
+        from multiprocessing import reduction
+        reduction.send_handle(conn, fd, pid)
+        return
+    import array
+    import socket
+    with socket.socket(fileno=os.dup(conn.fileno())) as s:
+        s.sendmsg([b"F"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+
+
+def recv_fd(conn):
+    """A descriptor sent with :func:`send_fd` on ``conn`` (the worker's side)."""
+    if sys.platform == "win32":
+        from multiprocessing import reduction
+        return reduction.recv_handle(conn)
+    import array
+    import socket
+    fds = array.array("i")
+    with socket.socket(fileno=os.dup(conn.fileno())) as s:
+        msg, anc, _flags, _addr = s.recvmsg(1, socket.CMSG_LEN(fds.itemsize))
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+    if msg != b"F" or len(fds) != 1:
+        raise OSError(f"expected one descriptor on the worker's pipe, got {msg!r} and {len(fds)}")
+    return fds[0]
+
+
 def dumps(obj):
     """The bytes of ``obj`` for a worker's pipe."""
     buf = io.BytesIO()
@@ -71,7 +111,7 @@ def dumps(obj):
 class Result(NamedTuple):
     """What a worker sends on its pipe for one task."""
 
-    kind: str        # BATCH, ERROR or END
+    kind: str        # BATCH, ERROR, ERROR_END or END
     token: int       # the iteration the task belongs to
     seq: int         # the task's batch number
     payload: Any

@@ -11,10 +11,14 @@ Where the figures come from:
   step).
 
 The hooks run on the main process's hot path once per batch, so they only
-append the raw figures to a list; medians, percentiles, per-worker windows
-and the verdict are computed when asked for, and the list is folded into
-running totals and a bounded window of recent batches every
-:data:`FOLD_BATCHES` batches, so memory stays bounded however long the run.
+append the batch's figures, as Python numbers, to one flat list.  Arrays,
+medians, per-worker windows and the verdict are made from the last
+:data:`RECENT_BATCHES` batches when asked for; older batches are dropped
+:data:`TRIM_BATCHES` at a time, after their stage times, samples and wall
+time are added to running totals (a strided ``sum`` per figure: a few ns a
+batch), so memory stays bounded however long the run.  What the hooks cost
+(about 0.5 us a batch of the main process's time, most of it keeping those
+numbers alive) is measured side by side with no-op hooks in the README.
 """
 from __future__ import annotations
 
@@ -43,13 +47,12 @@ STAGE_WHAT = {
     "write": "write (the batch into its shared-memory slot)",
 }
 
-#: Batches kept for per-batch medians and p95 and for the plot: 4096 of them
-#: cover a few epochs of a typical run and cost 0.4 MiB.
+#: Batches kept for per-batch medians and p95, per-worker figures, the
+#: verdict and the plot: 4096 cover a few epochs of a typical run, and cost
+#: about 1.5 MiB as Python numbers.
 RECENT_BATCHES = 4096
-#: The raw per-batch figures are folded into totals every this many batches
-#: (about 1 MiB of them): a fold costs about 0.2 us a batch, mostly turning
-#: Python numbers into arrays, and a few fixed 10 us that this many amortise.
-FOLD_BATCHES = 4096
+#: Older batches are dropped this many at a time (their totals kept).
+TRIM_BATCHES = 1024
 #: Finished epochs kept in ``stats.history`` (a record is about 200 bytes).
 HISTORY_EPOCHS = 100_000
 
@@ -69,10 +72,12 @@ WORKERS_SATURATED_FRACTION = 0.80
 EMPTY_STEP_SECONDS = 1e-4
 
 _NS = 1e-9
-#: Numbers per batch in the raw list: the worker's 5 times, worker id,
-#: decode, wall, the running wait total.
-_RAW_WIDTH = 9
-_RAW_FOLD = FOLD_BATCHES * _RAW_WIDTH
+#: The raw list holds, per batch: the worker's 5 times (fetch, collate,
+#: transforms, write, start ns), worker id, samples, decode, wall, and the
+#: running wait total.
+_FETCH, _COLLATE, _TRANSFORMS, _WRITE, _START, _WORKER, _SAMPLES, _DECODE, _WALL, _WAIT = range(10)
+_RAW_WIDTH = 10
+_RAW_LIMIT = (RECENT_BATCHES + TRIM_BATCHES) * _RAW_WIDTH
 
 # One row per delivered batch (the window of recent batches).
 _ROW = np.dtype([
@@ -231,12 +236,13 @@ class StageTime:
 
 @dataclass(frozen=True)
 class WorkerFigures:
-    """One worker's figures since the last reset.
+    """One worker's figures over the last :data:`RECENT_BATCHES` batches.
 
     ``busy_fraction`` is ``busy_seconds / elapsed_seconds``: the worker's stage
     times over the time from its first task to the end of its last, per
     iteration (time before an iteration started, spent on prefetching it, is
-    left out of both).  ``worker`` is -1 for batches made in-process.
+    left out of both; so is the time between iterations).  ``worker`` is -1
+    for batches made in-process, which have no busy fraction.
     """
 
     worker: int
@@ -299,7 +305,7 @@ def _n(count, word):
 # --------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(repr=False, eq=False)
 class LoaderStats:
     """Counters, stage times and a verdict of one DataLoader (``loader.stats``).
 
@@ -336,11 +342,8 @@ class LoaderStats:
     >>> loader.stats.plot("stats.png")                              # doctest: +SKIP
     """
 
-    batches: int = 0
-    samples: int = 0
     epochs: int = 0
     wait_seconds: float = 0.0      # main process blocked waiting for batches
-    wall_seconds: float = 0.0      # from the first batch requested to the last one delivered
     ring_slots: int = 0
     ring_bytes: int = 0
     piped_batches: int = 0         # batches that came through a pipe (too big for their slot, or use_shared_mem=False)
@@ -354,42 +357,68 @@ class LoaderStats:
         self._clear()
 
     def _clear(self):
-        # Hot path: _RAW_WIDTH numbers a batch in one flat list, folded every
-        # FOLD_BATCHES batches.
+        # The hot path's list: _RAW_WIDTH numbers a batch, the last
+        # RECENT_BATCHES to RECENT_BATCHES + TRIM_BATCHES batches.
         self._raw = []
-        self._uploads_raw = []               # (batch index, seconds) of each upload
+        self._base = 0                 # batches dropped from its front so far
+        # Totals of the dropped batches.
+        self._gone_ns = [0, 0, 0, 0]   # fetch, collate, transforms, write
+        self._gone_decode = 0.0
+        self._gone_wall = 0.0
+        self._gone_wait = 0.0          # the running wait total at the last dropped batch
+        # Samples and wall time of the batches before _summed (an absolute
+        # batch index): read once an epoch, they are summed a batch only once.
+        self._summed = 0
+        self._sum_samples = 0
+        self._sum_wall = 0.0
+        self._uploads_raw = []         # (batch index, seconds) of each upload
         self._upload_seconds = 0.0
-        self._recent = {k: np.zeros(0, _ROW[k]) for k in _ROW.names}  # the last RECENT_BATCHES
-        self._rows = 0                       # rows folded so far
-        self._last_wait = 0.0                # cumulative wait at the last folded row
-        self._last_time = 0.0
-        # Iterations: (row index of its first batch, epoch, begin ns); only the
-        # ones that rows still to be folded may belong to are kept.
+        # Iterations: (batch index of its first batch, epoch, begin ns, ordinal);
+        # only those the kept batches may belong to are kept.
         self._marks = []
         self._iterations = 0
-        self._open = None                    # (epoch, batches, samples, wall, wait) at begin_epoch
-        # Running totals.
-        self._stage_ns = np.zeros(len(WORKER_STAGES), np.int64)
-        self._decode_seconds = 0.0           # over folded rows
-        self._per_worker = {}                # id -> int64 [batches, fetch, collate, transforms, write]
-        self._closed_busy = {}               # id -> ns busy in finished windows
-        self._closed_span = {}               # id -> ns elapsed in finished windows
-        self._windows = {}                   # id -> [iteration, start ns, end ns, busy ns]
+        self._open = None              # (batches, samples, wall, wait) at begin_epoch
         self._history = deque(maxlen=HISTORY_EPOCHS)
+        self._cache = None             # (key, columns) of the kept batches
+
+    # -- counters ---------------------------------------------------------------
+    @property
+    def batches(self):
+        """Batches delivered since the last reset."""
+        return self._base + len(self._raw) // _RAW_WIDTH
+
+    def _sum_up(self):
+        raw = self._raw
+        start = (self._summed - self._base) * _RAW_WIDTH
+        if start < len(raw):
+            self._sum_samples += sum(raw[start + _SAMPLES::_RAW_WIDTH])
+            self._sum_wall += sum(raw[start + _WALL::_RAW_WIDTH])
+            self._summed = self._base + len(raw) // _RAW_WIDTH
+
+    @property
+    def samples(self):
+        """Samples delivered since the last reset."""
+        self._sum_up()
+        return self._sum_samples
+
+    @property
+    def wall_seconds(self):
+        """Seconds from the start of each iteration to its last delivered batch, summed."""
+        self._sum_up()
+        return self._sum_wall
 
     @property
     def wait_fraction(self):
         """Share of wall time the main process waited for batches (since the last reset)."""
-        return self.wait_seconds / self.wall_seconds if self.wall_seconds > 0 else 0.0
+        wall = self.wall_seconds
+        return self.wait_seconds / wall if wall > 0 else 0.0
 
     # -- hooks: called by the loader as batches arrive ------------------------
     def begin_epoch(self, epoch):
         """An iteration of ``epoch`` starts (the next batch is its first)."""
-        self._marks.append((self._rows + len(self._raw) // _RAW_WIDTH, int(epoch),
-                            time.perf_counter_ns()))
+        self._marks.append((self.batches, int(epoch), time.perf_counter_ns(), self._iterations))
         self._iterations += 1
-        self._open = (int(epoch), self.batches, self.samples, self.wall_seconds,
-                      self.wait_seconds)
+        self._open = (self.batches, self.samples, self.wall_seconds, self.wait_seconds)
 
     def record_batch(self, samples, worker, times, decode_seconds, wall_seconds):
         """One batch delivered to the caller.
@@ -401,15 +430,13 @@ class LoaderStats:
         ``decode_seconds``: the main process turning the slot into the batch.
         ``wall_seconds``: since the previous batch was delivered.
         """
-        self.batches += 1
-        self.samples += samples
-        self.wall_seconds += wall_seconds
-        # The waits since the previous batch are this batch's: the running
-        # total goes in, the differences are taken when folding.
+        # Only numbers appended here: the waits since the previous batch are
+        # this batch's, so the running wait total goes in and the differences
+        # are taken when asked for.
         raw = self._raw
-        raw += times + (worker, decode_seconds, wall_seconds, self.wait_seconds)
-        if len(raw) >= _RAW_FOLD:
-            self._fold()
+        raw += times + (worker, samples, decode_seconds, wall_seconds, self.wait_seconds)
+        if len(raw) >= _RAW_LIMIT:
+            self._trim()
 
     def record_wait(self, seconds):
         """The main process was blocked ``seconds`` waiting for a batch or a slot."""
@@ -419,13 +446,13 @@ class LoaderStats:
         """The main process spent ``seconds`` starting a batch's device upload."""
         self._upload_seconds += seconds
         # Called before record_batch of the batch it uploads: that batch's index.
-        self._uploads_raw.append((self._rows + len(self._raw) // _RAW_WIDTH, seconds))
+        self._uploads_raw.append((self.batches, seconds))
 
     def end_epoch(self, epoch):
         """The iteration of ``epoch`` has yielded its last batch."""
         self.epochs += 1
         if self._open is not None:
-            ep, b0, s0, wall0, wait0 = self._open
+            b0, s0, wall0, wait0 = self._open
             batches = self.batches - b0
             seconds = self.wall_seconds - wall0
             self._history.append(EpochRecord(
@@ -441,127 +468,93 @@ class LoaderStats:
         ``prefetch`` describe the loader, not the run, and are kept.  An
         iteration under way goes on being measured from here.
         """
-        open_epoch = self._open[0] if self._open is not None else None
-        self.batches = self.samples = self.epochs = 0
-        self.wait_seconds = self.wall_seconds = 0.0
+        open_epoch = self._marks[-1][1] if self._open is not None else None
+        self.epochs = 0
+        self.wait_seconds = 0.0
         self.piped_batches = self.uploads = self.upload_fallbacks = self.worker_restarts = 0
         self._clear()
         if open_epoch is not None:
             # Tasks the workers started before the reset count from here.
             self.begin_epoch(open_epoch)
 
-    # -- folding the raw rows ---------------------------------------------------
-    def _fold(self):
-        raw, self._raw = self._raw, []
-        n = len(raw) // _RAW_WIDTH
-        if n == 0:
+    def _trim(self):
+        """Drop the oldest batches past RECENT_BATCHES, keeping their totals."""
+        raw = self._raw
+        cut = (len(raw) // _RAW_WIDTH - RECENT_BATCHES) * _RAW_WIDTH
+        if cut <= 0:
             return
-        # One fromiter over the flat list is the cheapest way from Python
-        # numbers to an array (about 15 ns a number).  Float64 holds the ns
-        # figures exactly up to 2**53 ns (104 days of uptime for start_ns;
-        # past that to within 2 ns).
-        a = np.fromiter(raw, np.float64, len(raw)).reshape(n, _RAW_WIDTH)
-        t = a[:, :5].astype(np.int64)
-        rows = {"worker": a[:, 5].astype(np.int64)}
-        for k, stage in enumerate(WORKER_STAGES):
-            rows[stage + "_ns"] = t[:, k]
-        rows["start_ns"] = t[:, 4]
-        rows["decode"] = a[:, 6].copy()
-        rows["wall"] = a[:, 7].copy()
-        cw = a[:, 8]
-        rows["wait"] = np.diff(cw, prepend=self._last_wait)
-        self._last_wait = float(cw[-1])
-        upload = np.zeros(n)
-        if self._uploads_raw:
-            at, sec = (np.array(v) for v in zip(*self._uploads_raw))
-            self._uploads_raw = []
-            np.add.at(upload, np.clip(at - self._rows, 0, n - 1), sec)
-        rows["upload"] = upload
-        rows["time"] = self._last_time + np.cumsum(rows["wall"])
-        self._last_time = float(rows["time"][-1])
+        self._sum_up()
+        gone = raw[:cut]
+        for k in range(4):
+            self._gone_ns[k] += sum(gone[k::_RAW_WIDTH])
+        self._gone_decode += sum(gone[_DECODE::_RAW_WIDTH])
+        self._gone_wall += sum(gone[_WALL::_RAW_WIDTH])
+        self._gone_wait = gone[cut - _RAW_WIDTH + _WAIT]
+        del raw[:cut]
+        self._base += cut // _RAW_WIDTH
+        base = self._base
+        self._uploads_raw = [u for u in self._uploads_raw if u[0] >= base]
+        # The kept batches belong to the last iteration begun at or before the
+        # first of them, or to later ones.
+        k = 0
+        while k + 1 < len(self._marks) and self._marks[k + 1][0] <= base:
+            k += 1
+        del self._marks[:k]
+        self._cache = None
 
-        # Which iteration each row belongs to.
-        index = self._rows + np.arange(n)
+    # -- the kept batches as arrays -----------------------------------------------
+    def _columns(self):
+        """The kept batches as NumPy columns (cached until the next batch)."""
+        raw = self._raw
+        key = (self._base, len(raw))
+        if self._cache is not None and self._cache[0] == key:
+            return self._cache[1]
+        n = len(raw) // _RAW_WIDTH
+        # One fromiter over the flat list is the cheapest way from Python
+        # numbers to an array.  Float64 holds the ns figures exactly up to
+        # 2**53 ns (104 days of uptime for start_ns; past that within 2 ns).
+        a = np.fromiter(raw, np.float64, n * _RAW_WIDTH).reshape(n, _RAW_WIDTH)
+        t = a[:, :_WORKER + 2].astype(np.int64)
+        cols = {"worker": t[:, _WORKER], "samples": t[:, _SAMPLES]}
+        for k, stage in enumerate(WORKER_STAGES):
+            cols[stage + "_ns"] = t[:, k]
+        cols["start_ns"] = t[:, _START]
+        cols["decode"] = a[:, _DECODE]
+        cols["wall"] = a[:, _WALL]
+        cols["wait"] = np.diff(a[:, _WAIT], prepend=self._gone_wait)
+        upload = np.zeros(n)
+        for at, sec in self._uploads_raw:
+            if 0 <= at - self._base < n:
+                upload[at - self._base] += sec
+        cols["upload"] = upload
+        cols["time"] = self._gone_wall + np.cumsum(cols["wall"])
+        index = self._base + np.arange(n)
         marks = self._marks
-        begin_ns = np.zeros(n, np.int64)
         if marks:
             starts = np.array([m[0] for m in marks], np.int64)
             k = np.searchsorted(starts, index, side="right") - 1
             have = k >= 0
             kk = np.maximum(k, 0)
-            first_iter = self._iterations - len(marks)
-            rows["iteration"] = np.where(have, first_iter + kk, -1)
-            rows["epoch"] = np.where(have, np.array([m[1] for m in marks], np.int64)[kk], -1)
-            rows["first"] = have & (starts[kk] == index)
-            begin_ns = np.where(have, np.array([m[2] for m in marks], np.int64)[kk], 0)
-            # Rows still to come belong to the last iteration at most.
-            self._marks = marks[-1:]
+            pick = lambda j: np.array([m[j] for m in marks], np.int64)[kk]  # noqa: E731
+            cols["iteration"] = np.where(have, pick(3), -1)
+            cols["epoch"] = np.where(have, pick(1), -1)
+            cols["first"] = have & (starts[kk] == index)
+            cols["begin_ns"] = np.where(have, pick(2), 0)
         else:
-            rows["iteration"] = np.full(n, -1, np.int64)
-            rows["epoch"] = np.full(n, -1, np.int64)
-            rows["first"] = np.zeros(n, np.bool_)
-        self._rows += n
+            cols["iteration"] = np.full(n, -1, np.int64)
+            cols["epoch"] = np.full(n, -1, np.int64)
+            cols["first"] = np.zeros(n, np.bool_)
+            cols["begin_ns"] = np.zeros(n, np.int64)
+        self._cache = (key, cols)
+        return cols
 
-        # Totals.
-        stage = t[:, :4]
-        self._stage_ns += stage.sum(axis=0)
-        self._decode_seconds += float(rows["decode"].sum())
-        ids1 = rows["worker"] + 1   # in-process (-1) at 0
-        count = np.bincount(ids1)
-        sums = [np.bincount(ids1, weights=a[:, k], minlength=len(count)) for k in range(4)]
-        for w1 in np.flatnonzero(count).tolist():
-            acc = self._per_worker.setdefault(w1 - 1, np.zeros(5, np.int64))
-            acc[0] += int(count[w1])
-            acc[1:] += np.array([int(s_[w1]) for s_ in sums], np.int64)
-        self._fold_windows(rows, stage.sum(axis=1), begin_ns)
-
-        old = self._recent
-        if len(old["wall"]):
-            rows = {k: np.concatenate((old[k], v)) for k, v in rows.items()}
-        self._recent = {k: v[-RECENT_BATCHES:] for k, v in rows.items()}
-
-    def _fold_windows(self, rows, busy, begin_ns):
-        """Per worker and iteration: the elapsed window (first task's start, clipped
-        to the iteration's start, to the last task's end) and the busy time in it."""
-        sel = (rows["worker"] >= 0) & (rows["start_ns"] > 0)
-        if not sel.any():
-            return
-        ids = rows["worker"][sel]
-        iters = rows["iteration"][sel]
-        start = rows["start_ns"][sel]
-        dur = busy[sel]
-        end = start + dur
-        # A task started before its iteration began (prefetched while the
-        # caller was between epochs) counts only from the iteration's start.
-        lo = np.maximum(start, begin_ns[sel])
-        inside = np.clip(end - lo, 0, dur)
-        # Rows come in delivery order, so each iteration is one run of rows.
-        cuts = np.flatnonzero(np.diff(iters)) + 1
-        for lo_k, hi_k in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(iters)].tolist()):
-            it = int(iters[lo_k])
-            w_ids = ids[lo_k:hi_k]
-            nw = int(w_ids.max()) + 1
-            count = np.bincount(w_ids, minlength=nw)
-            g_start = np.full(nw, np.iinfo(np.int64).max)
-            g_end = np.full(nw, np.iinfo(np.int64).min)
-            np.minimum.at(g_start, w_ids, lo[lo_k:hi_k])
-            np.maximum.at(g_end, w_ids, end[lo_k:hi_k])
-            g_busy = np.bincount(w_ids, weights=inside[lo_k:hi_k], minlength=nw)
-            for w in np.flatnonzero(count).tolist():
-                st, e, bz = int(g_start[w]), int(g_end[w]), float(g_busy[w])
-                win = self._windows.get(w)
-                if win is not None and win[0] == it:
-                    win[1] = min(win[1], st)
-                    win[2] = max(win[2], e)
-                    win[3] += bz
-                    continue
-                if win is not None:
-                    self._close_window(w, win)
-                self._windows[w] = [it, st, e, bz]
-
-    def _close_window(self, w, win):
-        self._closed_busy[w] = self._closed_busy.get(w, 0.0) + win[3]
-        self._closed_span[w] = self._closed_span.get(w, 0.0) + max(win[2] - win[1], 0)
+    def _recent(self):
+        """The columns of the last RECENT_BATCHES batches."""
+        cols = self._columns()
+        n = len(cols["wall"])
+        if n <= RECENT_BATCHES:
+            return cols
+        return {k: v[n - RECENT_BATCHES:] for k, v in cols.items()}
 
     # -- figures ------------------------------------------------------------------
     def recent_batches(self):
@@ -570,26 +563,25 @@ class LoaderStats:
         Returns
         -------
         numpy.ndarray
-            A structured array with fields ``iteration``, ``epoch``, ``first``
+            A structured array with fields ``iteration`` (iterations started
+            since the last reset, from 0; -1 before any), ``epoch``, ``first``
             (first batch of its iteration), ``worker`` (-1 in-process),
-            ``fetch_ns``, ``collate_ns``, ``transforms_ns``,
-            ``write_ns``, ``start_ns`` (the worker's CLOCK_MONOTONIC when it took
-            the task, 0 in-process), and in seconds ``wait``, ``decode``,
-            ``upload``, ``wall`` (since the previous delivery) and ``time``
-            (loop time since the last reset, at delivery).
+            ``fetch_ns``, ``collate_ns``, ``transforms_ns``, ``write_ns``,
+            ``start_ns`` (the worker's CLOCK_MONOTONIC when it took the task, 0
+            in-process), and in seconds ``wait``, ``decode``, ``upload``,
+            ``wall`` (since the previous delivery) and ``time`` (loop time
+            since the last reset, at delivery).
         """
-        self._fold()
-        rec = self._recent
+        rec = self._recent()
         out = np.zeros(len(rec["wall"]), _ROW)
         for k in _ROW.names:
             out[k] = rec[k]
         return out
 
     def _steady(self):
-        """The recent rows that are not the first of their iteration (which hold the
-        pool start and the pipeline fill); all recent rows if that leaves none."""
-        self._fold()
-        rows = self._recent
+        """The recent batches that are not the first of their iteration (which hold
+        the pool start and the pipeline fill); all recent ones if that leaves none."""
+        rows = self._recent()
         keep = ~rows["first"]
         if not keep.any():
             return rows
@@ -602,62 +594,71 @@ class LoaderStats:
         Stages: ``fetch``, ``collate``, ``transforms``, ``write`` (in the worker;
         in-process the first three), ``worker`` (their sum: the worker's busy
         time for the batch), and in the main process ``wait``, ``decode``,
-        ``upload`` and ``wall`` (the time between two deliveries).
+        ``upload`` and ``wall`` (the time between two deliveries).  Totals run
+        since the last reset; medians and p95 over the last
+        :data:`RECENT_BATCHES` batches.
         """
-        self._fold()
-        rows = self._recent
-        worker_ns = (rows["fetch_ns"] + rows["collate_ns"] + rows["transforms_ns"]
-                     + rows["write_ns"])
-        per_batch = {s: rows[s + "_ns"] * _NS for s in WORKER_STAGES}
-        per_batch["worker"] = worker_ns * _NS
-        for s in ("wait", "decode", "upload", "wall"):
-            per_batch[s] = rows[s]
-        totals = {s: float(v) * _NS for s, v in zip(WORKER_STAGES, self._stage_ns.tolist())}
-        totals["worker"] = float(self._stage_ns.sum()) * _NS
+        cols = self._columns()
+        totals = {s: (self._gone_ns[k] + float(cols[s + "_ns"].sum())) * _NS
+                  for k, s in enumerate(WORKER_STAGES)}
+        totals["worker"] = sum(totals[s] for s in WORKER_STAGES)
         totals["wait"] = float(self.wait_seconds)
-        totals["decode"] = self._decode_seconds
+        totals["decode"] = self._gone_decode + float(cols["decode"].sum())
         totals["upload"] = float(self._upload_seconds)
         totals["wall"] = float(self.wall_seconds)
+        rows = self._recent()
+        per_batch = {s: rows[s + "_ns"] * _NS for s in WORKER_STAGES}
+        per_batch["worker"] = sum(per_batch[s] for s in WORKER_STAGES)
+        for s in ("wait", "decode", "upload", "wall"):
+            per_batch[s] = rows[s]
         out = {}
         for s in STAGES:
             v = per_batch[s]
-            if len(v):
-                med, p95 = np.percentile(v, (50, 95)).tolist()
-            else:
-                med = p95 = 0.0
+            med, p95 = np.percentile(v, (50, 95)).tolist() if len(v) else (0.0, 0.0)
             out[s] = StageTime(totals[s], float(med), float(p95))
         return out
 
     @property
     def workers(self):
-        """Per-worker figures, ``{worker id: WorkerFigures}`` (-1: made in-process)."""
-        self._fold()
+        """Per-worker figures over the last :data:`RECENT_BATCHES` batches,
+        ``{worker id: WorkerFigures}`` (-1: made in-process)."""
+        rows = self._recent()
+        ids = rows["worker"]
+        if len(ids) == 0:
+            return {}
+        stage = np.stack([rows[s + "_ns"] for s in WORKER_STAGES], axis=1)
+        dur = stage.sum(axis=1)
+        end = rows["start_ns"] + dur
+        # A task started before its iteration began (prefetched while the
+        # caller was between epochs) counts only from the iteration's start.
+        lo = np.maximum(rows["start_ns"], rows["begin_ns"])
+        inside = np.clip(end - lo, 0, dur)
         out = {}
-        for w in sorted(self._per_worker):
-            acc = self._per_worker[w].tolist()
-            busy = self._closed_busy.get(w, 0.0)
-            span = self._closed_span.get(w, 0.0)
-            win = self._windows.get(w)
-            if win is not None:
-                busy += win[3]
-                span += max(win[2] - win[1], 0)
+        for w in np.unique(ids).tolist():
+            sel = ids == w
+            sums = stage[sel].sum(axis=0) * _NS
+            busy = span = 0
             frac = None
-            if w >= 0 and span > 0:
-                frac = min(1.0, busy / span)
-            elif w < 0:
-                busy = float(sum(acc[1:]))
-                span = 0.0
-            out[w] = WorkerFigures(int(w), int(acc[0]), busy * _NS, span * _NS, frac,
-                                   *(v * _NS for v in acc[1:]))
+            if w >= 0:
+                its = rows["iteration"][sel]
+                for it in np.unique(its).tolist():
+                    m = its == it
+                    span += int(end[sel][m].max()) - int(lo[sel][m].min())
+                    busy += float(inside[sel][m].sum())
+                frac = min(1.0, busy / span) if span > 0 else None
+            else:
+                busy = float(dur[sel].sum())
+            out[int(w)] = WorkerFigures(int(w), int(sel.sum()), busy * _NS, span * _NS, frac,
+                                        *(float(v) for v in sums))
         return out
 
     @property
     def worker_busy_fraction(self):
-        """The workers' busy time over their elapsed time, all workers together
-        (None without worker processes)."""
+        """The workers' busy time over their elapsed time, all workers together,
+        over the last :data:`RECENT_BATCHES` batches (None without worker processes)."""
         busy = span = 0.0
         for f in self.workers.values():
-            if f.worker >= 0 and f.busy_fraction is not None:
+            if f.busy_fraction is not None:
                 busy += f.busy_seconds
                 span += f.elapsed_seconds
         return busy / span if span > 0 else None
@@ -670,8 +671,8 @@ class LoaderStats:
     def _workers_seen(self):
         if self.num_workers is not None:
             return self.num_workers
-        ids = [w for w in self._per_worker if w >= 0]
-        return max(ids) + 1 if ids else 0
+        ids = self._recent()["worker"]
+        return int(ids.max()) + 1 if len(ids) and ids.max() >= 0 else 0
 
     @property
     def bottleneck(self):
@@ -726,7 +727,7 @@ class LoaderStats:
                            f"{share}; {idle}",
                            "nothing to change in the loader: a faster step runs faster", figures)
         speedup = 1 / (1 - loader_frac) if loader_frac < 1 else math.inf
-        by = (f"data at once would make the loop {speedup:.1f}x faster" if speedup < 100
+        by = (f"data at once would make the loop {speedup:.1f}x faster" if speedup < 10
               else "the loop does little besides waiting")
         reason = f"{share}; {by}"
         needed = t_worker / (t_loop + t_main) if t_loop + t_main > EMPTY_STEP_SECONDS else math.inf
@@ -759,7 +760,8 @@ class LoaderStats:
             return Verdict("loader", loader_frac, "the loader is the bottleneck", reason,
                            advice, figures)
         # The loop waits although the workers idle: the cost is between them.
-        piped = self.piped_batches / self.batches if self.batches else 0.0
+        batches = self.batches
+        piped = self.piped_batches / batches if batches else 0.0
         if piped > 0.1:
             advice = (f"{_pct(piped)} of the batches came through pipes: keep "
                       f"use_shared_mem=True and a steady batch size, so they go through "
@@ -905,6 +907,12 @@ class LoaderStats:
 
     def __str__(self):
         return self.summary()
+
+    def __repr__(self):
+        counts = ", ".join(f"{k}={getattr(self, k)!r}" for k in (
+            "batches", "samples", "epochs", "wait_seconds", "wall_seconds", "ring_slots",
+            "ring_bytes", "piped_batches", "uploads", "upload_fallbacks", "worker_restarts"))
+        return f"LoaderStats({counts})"
 
 
 def _plain(x):

@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import pickle
 import random
-import select
 import signal
 import sys
 import threading
@@ -14,9 +13,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ._collate import array_as_tensor, collate, gather_rows, tensor_as_array, tensor_dtype_info
-from ._protocol import (BATCH, END, ENTRY_KIND_MASK, ENTRY_PIPED_TASK, ENTRY_REMAP, ENTRY_SLOT_MASK,
-                        ENTRY_STOP, ERROR, FLAG_PICKLED_INDICES, TASK_HEADER, Result, dumps,
-                        error_record)
+from ._protocol import (BATCH, END, ENTRY_KIND_MASK, ENTRY_PIPED_TASK, ENTRY_REMAP,
+                        ENTRY_SLOT_MASK, ENTRY_STOP, ERROR, ERROR_END, FLAG_PICKLED_INDICES,
+                        TASK_HEADER, Result, dumps, error_record, recv_fd)
 from ._ring import CANCELLED, PIPED
 from .shared_batch import SlotWriter
 
@@ -208,13 +207,16 @@ def _orphaned(lifeline):
 
 
 def _watch_parent(lifeline, start_ppid):
-    fd = lifeline.conn.fileno()
+    from multiprocessing.connection import wait
+    conn = lifeline.conn
     while True:
         try:
-            readable, _, _ = select.select([fd], [], [], PARENT_CHECK_SECONDS)
+            # poll() on POSIX (no FD_SETSIZE limit), WaitForMultipleObjects on Windows.
+            dead = bool(wait([conn], PARENT_CHECK_SECONDS))
         except (OSError, ValueError):
-            readable = True
-        if readable or os.getppid() != start_ppid:
+            dead = False  # cannot watch the pipe: the parent's pid still tells
+            time.sleep(PARENT_CHECK_SECONDS)
+        if dead or os.getppid() != start_ppid:
             # Nobody will read what this worker makes; leave at once, whatever
             # the worker's main thread is blocked in (a send, a slow dataset).
             os._exit(0)
@@ -475,11 +477,10 @@ def worker_loop(config, conn, ring, lifeline):
             return
         try:
             if kind == ENTRY_REMAP:
-                from multiprocessing import reduction
                 from ._ring import Segment, SharedMemoryError
                 msg = conn.recv_bytes()
                 nbytes = TASK_HEADER.unpack_from(msg)[3]
-                fd = reduction.recv_handle(conn)
+                fd = recv_fd(conn)
                 try:
                     seg = Segment.attach(fd, nbytes) if nbytes else None
                 except OSError as exc:
@@ -537,7 +538,10 @@ def worker_loop(config, conn, ring, lifeline):
         except StreamEnd:
             payload = Result(END, token, seq, None)
         except Exception as exc:
-            payload = Result(ERROR, token, seq, error_record(exc, indices, worker_id))
+            # An error of the stream itself ends it for the epoch (SPEC section
+            # 11); one of collate_fn or a transform does not.
+            kind = ERROR_END if config.iterable and maker.stream is None else ERROR
+            payload = Result(kind, token, seq, error_record(exc, indices, worker_id))
         # Publish first, then send: a large payload blocks in send until the
         # main process, woken by the publish, reads it.
         ring.publish(slot, PIPED, needed, maker.times + (start,))

@@ -281,10 +281,7 @@ class DataLoader:
         # Batches in the calling process (num_workers=0) are made by the same
         # code as in a worker.
         self._batched = batch_size is not None or batch_sampler is not None
-        self._maker = BatchMaker(dataset, collate_fn, transforms, self._batched, self.batch_size,
-                                 self.drop_last,
-                                 iterable, worker_seeding, self.seed,
-                                 self.rank if self._distributed else None)
+        self._maker = self._new_maker()
 
         self._stats = LoaderStats()
         self._pool = None
@@ -454,7 +451,7 @@ class DataLoader:
         # Everything is checked: only now does anything change.
         if seed != self.seed:
             self.seed = seed
-            self._maker.base_seed = seed
+            self._maker = self._new_maker()
             self._shutdown_pool()  # its workers seed from the old one
         self._next_epoch = epoch
         self._epoch_from_caller = True
@@ -519,9 +516,17 @@ class DataLoader:
             self._pools_started += 1
         return self._pool
 
+    def _new_maker(self):
+        return BatchMaker(self.dataset, self.collate_fn, self.transforms, self._batched,
+                          self.batch_size, self.drop_last, self.iterable, self.worker_seeding,
+                          self.seed, self.rank if self._distributed else None)
+
     def _shutdown_pool(self):
         pool, self._pool = self._pool, None
         if pool is not None:
+            it = self._active() if self._active is not None else None
+            if it is not None and it.pool is pool and not it.finished:
+                it._abandon()  # it cannot go on without its pool
             pool.close()
 
     def _end_epoch_pool(self):
@@ -561,17 +566,27 @@ class DataLoader:
         old = self._active() if self._active is not None else None
         if old is not None:
             old._abandon()
+        if self._maker.dataset is not self.dataset:
+            self._maker = self._new_maker()  # the caller replaced the dataset
         if self._resume is not None:
             epoch, prefix, extra = self._resume
-            self._resume = None
         else:
             epoch, prefix, extra = self._next_epoch, 0, set()
-        self._next_epoch = epoch + 1
-        self._stopped = None
         it = self._take_prestarted(epoch) if not prefix and not extra else None
         if it is None:
             self._discard_prestarted()
-            it = EpochIterator(self, epoch, prefix, extra)
+            stopped = self._stopped
+            try:
+                it = EpochIterator(self, epoch, prefix, extra)
+            except BaseException:
+                # Nothing was consumed: a retried iter() starts this same epoch
+                # (and a loaded state is still to be resumed).
+                self._stopped = stopped
+                raise
+        # Only once the iteration exists does the loader move on.
+        self._resume = None
+        self._next_epoch = epoch + 1
+        self._stopped = None
         self._active = weakref.ref(it)
         return it
 

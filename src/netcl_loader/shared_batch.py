@@ -824,7 +824,9 @@ class SharedBatchRingBuffer:
                          "use fewer or smaller slots (lower batch_size or prefetch)")
         # Task queues (the loader's: one per worker) hold slot entries; a
         # worker never has more than every slot plus a remap of each queued.
-        qcap = 2 * num_slots + 8 if task_queues else 0
+        # A power of two: entries are indexed by a 32-bit counter modulo the
+        # capacity, which must stay continuous when the counter wraps.
+        qcap = 1 << (2 * num_slots + 8 - 1).bit_length() if task_queues else 0
         index_bytes = (int(index_bytes) + 7) // 8 * 8
         hbytes = RingHeader.header_bytes(num_slots, task_queues, qcap, index_bytes)
         self._header = RingHeader(create_segment(hbytes, "a ring header"), num_slots, True,
