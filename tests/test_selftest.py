@@ -12,12 +12,19 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from netcl_loader import selftest
+from netcl_loader._stats import CpuLimits, cpu_limits
 
 CHECK_NAMES = [name for name, _, _ in selftest.CHECKS]
-LINE = re.compile(r"^(PASS|FAIL|SKIP)  (\S+) +(.*)$")
+LINE = re.compile(r"^(PASS|WARN|FAIL|SKIP)  (\S+) +(.*)$")
 SUMMARY = re.compile(
-    r"^summary: (\d+) passed, (\d+) failed, (\d+) skipped in [\d.]+ s: (OK|FAILED)$")
+    r"^summary: (\d+) passed, (\d+) failed, (\d+) skipped, (\d+) warned in [\d.]+ s: "
+    r"(OK|FAILED)$")
+#: Checks whose figure depends on the machine's load: on a shared machine they
+#: may WARN (never FAIL) without anything being wrong with the loader.
+MAY_WARN = {"throughput"}
 RUN_SECONDS = 120
 
 
@@ -55,10 +62,11 @@ def test_quick_passes_on_this_machine(tmp_path):
     checks, summary = _lines(out.stdout)
     assert list(checks) == CHECK_NAMES
     for name, (status, text) in checks.items():
-        assert status in ("PASS", "SKIP"), f"{name}: {status} {text}"
+        allowed = ("PASS", "SKIP", "WARN") if name in MAY_WARN else ("PASS", "SKIP")
+        assert status in allowed, f"{name}: {status} {text}"
         assert text, f"{name} printed no figure"
     assert summary is not None, out.stdout
-    assert summary.group(2) == "0" and summary.group(4) == "OK"
+    assert summary.group(2) == "0" and summary.group(5) == "OK"
     # The figures the issue asks for.
     assert re.search(r"GB/s \(\d+\.\d+x\) of memcpy \d+\.\d GB/s", checks["throughput"][1])
     assert "available" in checks["shared-memory"][1]
@@ -71,12 +79,22 @@ def test_json_is_one_object_with_every_check(tmp_path):
     report = json.loads(out.stdout)
     assert [c["name"] for c in report["checks"]] == CHECK_NAMES
     for c in report["checks"]:
-        assert set(c) >= {"name", "status", "figure", "detail"}
-        assert c["status"] in ("PASS", "SKIP")
+        assert set(c) >= {"name", "status", "figure", "detail", "figures"}
+        assert c["status"] in (("PASS", "SKIP", "WARN") if c["name"] in MAY_WARN
+                               else ("PASS", "SKIP"))
     s = report["summary"]
     assert s["ok"] is True and s["failed"] == 0
-    assert s["passed"] + s["skipped"] == len(CHECK_NAMES)
+    assert s["passed"] + s["skipped"] + s["warned"] == len(CHECK_NAMES)
     assert report["quick"] is True
+    # The throughput check's figures and verdict.
+    tp = {c["name"]: c for c in report["checks"]}["throughput"]
+    f = tp["figures"]
+    assert f["memcpy_gbs"] > 0 and f["best_ratio"] > 0
+    assert f["best_ratio"] == pytest.approx(max(f["loader_gbs"].values()) / f["memcpy_gbs"])
+    assert f["cpus"]["usable"] >= 1 and f["workers"] == 2
+    assert f["verdict"] == ("slow" if tp["status"] == "WARN" else "ok")
+    if tp["status"] == "PASS":
+        assert f["causes"] == []
 
 
 def test_limited_shared_memory_fails_the_check_with_its_remedy(tmp_path):
@@ -97,7 +115,7 @@ def test_limited_shared_memory_fails_the_check_with_its_remedy(tmp_path):
     assert re.search(r"could not reserve \d+ bytes", text), text
     assert "remedy: shared memory is too small" in text and "--shm-size" in text
     assert checks["extensions"][0] == "PASS"
-    assert summary is not None and summary.group(4) == "FAILED"
+    assert summary is not None and summary.group(5) == "FAILED"
 
 
 def test_json_reports_the_failure_and_exit_status(tmp_path):
@@ -145,7 +163,8 @@ def test_without_pyopencl_opencl_checks_skip_or_fail_when_required(tmp_path):
         assert checks[name]["status"] == "FAIL", checks[name]
         assert "pip install pyopencl pocl-binary-distribution" in checks[name]["remedy"]
     assert "pyopencl is not installed" in checks["opencl-devices"]["figure"]
-    assert all(c["status"] == "PASS" for n, c in checks.items() if not n.startswith("opencl"))
+    assert all(c["status"] in (("PASS", "WARN") if n in MAY_WARN else ("PASS",))
+               for n, c in checks.items() if not n.startswith("opencl"))
 
 
 def test_without_pyopencl_opencl_checks_skip(tmp_path):
@@ -173,8 +192,8 @@ def test_a_dataset_that_raises_fails_the_checks_that_use_it(tmp_path):
         assert status == "FAIL"
         assert "OSError" in text and "disk gone" in text
         assert "remedy:" in text
-    assert checks["shared-memory"][0] == "PASS" and checks["throughput"][0] == "PASS"
-    assert summary is not None and summary.group(4) == "FAILED"
+    assert checks["shared-memory"][0] == "PASS" and checks["throughput"][0] in ("PASS", "WARN")
+    assert summary is not None and summary.group(5) == "FAILED"
 
 
 def test_spawned_workers_get_the_datasets_by_the_module_name():
@@ -189,3 +208,50 @@ def test_bad_option_is_a_usage_error(tmp_path):
     out = _run(["--no-such-option"], tmp_path)
     assert out.returncode == 2
     assert "usage: python -m netcl_loader.selftest" in out.stderr
+
+
+def test_one_cpu_of_two_warns_that_throughput_is_capped_and_names_the_cause(tmp_path):
+    # A real affinity mask of one CPU: the loader's 2 workers share it, so it
+    # cannot deliver what the machine's CPUs allow.  A warning, not a failure.
+    if cpu_limits().usable < 2:
+        pytest.skip("needs a process that may use 2 CPUs, to take one away")
+    prelude = "import os\nos.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+    out = _run(["--quick", "--json"], tmp_path, prelude)
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads(out.stdout)
+    tp = {c["name"]: c for c in report["checks"]}["throughput"]
+    assert tp["status"] == "WARN", tp
+    assert "too few CPUs: this process may use 1 of the machine's" in tp["figure"]
+    assert "affinity mask of 1" in tp["figure"]
+    assert "taskset" in tp["remedy"] and "num_workers <= 1" in tp["remedy"]
+    f = tp["figures"]
+    assert f["verdict"] == "slow" and f["cpus"]["usable"] == 1 and f["causes"]
+    assert report["summary"]["warned"] >= 1 and report["summary"]["ok"] is True
+    # The text output: a WARN line with its remedy, and the count in the summary.
+    out = _run(["--quick"], tmp_path, prelude)
+    assert out.returncode == 0, out.stdout + out.stderr
+    checks, summary = _lines(out.stdout)
+    assert checks["throughput"][0] == "WARN"
+    assert "-> remedy: give the process more CPUs" in checks["throughput"][1]
+    assert summary is not None and int(summary.group(4)) >= 1 and summary.group(5) == "OK"
+
+
+@pytest.mark.parametrize("case", ["quota", "workers", "contended", "shm", "none"])
+def test_throughput_causes_are_told_from_the_figures(case):
+    cpus = {"quota": CpuLimits(8, 8, 1.0, 1), "workers": CpuLimits(1, 1, None, 1)}.get(
+        case, CpuLimits(4, 4, None, 4))
+    share = 0.3 if case == "contended" else 0.95
+    shm = 1.0 if case == "shm" else 10.0
+    causes = selftest._throughput_causes(cpus, 2, share, shm, 10.0)
+    text = " | ".join(c + " -> " + r for c, r in causes)
+    if case == "none":
+        assert causes == []
+        return
+    assert len(causes) == 1, text
+    want = {"quota": ("too few CPUs", "cgroup quota of 1 CPUs", "docker run --cpus"),
+            "workers": ("a worker count above the CPUs: 2 workers on 1 CPU",
+                        "num_workers <= 1"),
+            "contended": ("other processes compete for the CPUs", "ran only 30%"),
+            "shm": ("shared memory is slow: 1.0 GB/s", "use_shared_mem=False")}[case]
+    for w in want:
+        assert w in text, text

@@ -302,8 +302,11 @@ def test_stage_times_add_up_to_the_workers_busy_time():
     assert stages["fetch"].median_seconds == pytest.approx(np.median(fetch))
     assert stages["collate"].total_seconds == pytest.approx(collate.sum(), rel=1e-6)
     assert stages["worker"].median_seconds >= batch * delay + collate_delay
-    # The main process: its waits and decodes are parts of the time between batches.
-    assert np.all(rows["wait"] + rows["decode"] <= rows["wall"] + 1e-6)
+    # The main process: its waits and decodes are parts of the time between
+    # batches.  (A piped batch's decode holds its wait for the pipe too.)
+    assert np.all(rows["wait"] <= rows["wall"] + 1e-6)
+    assert np.all(rows["decode"] <= rows["wall"] + 1e-6)
+    assert np.median(rows["wait"] + rows["decode"] - rows["wall"]) <= 0
     assert stages["wait"].total_seconds == pytest.approx(loader.stats.wait_seconds)
 
 
@@ -383,9 +386,9 @@ def test_recent_batches_are_bounded_and_totals_are_exact():
     assert st["write"].total_seconds == pytest.approx(n * 4e-9)
     assert st["worker"].median_seconds == pytest.approx(1234e-9)
     assert st["wait"].p95_seconds == pytest.approx(1e-4)
-    assert sum(f.batches for f in s.workers.values()) == n
+    assert sum(f.batches for f in s.workers.values()) == RECENT_BATCHES  # the recent ones
     assert (s.batches, s.samples) == (n, 2 * n)
-    assert len(s._raw) < _stats._RAW_FOLD
+    assert len(s._raw) <= _stats._RAW_LIMIT
 
 
 def test_uploads_are_timed_per_batch():
@@ -545,3 +548,16 @@ def test_plot_writes_a_png_that_loads(tmp_path):
     # Nothing measured yet: still a picture.
     LoaderStats().plot(tmp_path / "empty.png")
     assert (tmp_path / "empty.png").stat().st_size > 0
+
+
+def test_report_has_the_stage_worker_and_epoch_tables():
+    with DataLoader(_dataset(), batch_size=BATCH, seed=0, num_workers=2) as loader:
+        for _ in range(2):
+            list(loader)
+        text = loader.stats.report()
+        r = repr(loader.stats)
+    lines = text.splitlines()
+    assert lines[0] == loader.stats.summary()
+    assert any(line.startswith("fetch ") for line in lines)
+    assert any(line.split()[:2] == ["0", "7"] for line in lines)  # epoch 0: 7 batches
+    assert r.startswith("LoaderStats(batches=14, samples=100, epochs=2")

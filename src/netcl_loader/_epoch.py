@@ -175,7 +175,7 @@ class EpochIterator:
             seq, slot, wid, n = self._wait()
             header = self.pool.header
             times = header.times(slot)  # the worker's stage times, before the slot is freed
-            t_decode = time.perf_counter()
+            t_decode = time.perf_counter()  # (for a piped batch: after it has arrived)
             if header.state(slot) == READY:
                 try:
                     batch = self._take_ready(slot)
@@ -188,7 +188,8 @@ class EpochIterator:
             else:  # PIPED
                 t0 = time.perf_counter()
                 msg = self.pool.recv(wid, self.token, seq, loader.timeout)
-                stats.record_wait(time.perf_counter() - t0)
+                t_decode = time.perf_counter()
+                stats.record_wait(t_decode - t0)
                 needed = header.result(slot)[2]
                 if needed:
                     stats.piped_batches += 1

@@ -774,9 +774,13 @@ class LoaderStats:
         else:
             pf = f" (now {self.prefetch})" if self.prefetch is not None else ""
             load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+            crowd = (f"; {_n(W, 'worker')} and this process share {_n(C, 'CPU')}, so each "
+                     f"hand-over waits for a CPU: fewer workers may be as fast"
+                     if W + 1 > C else "")
             advice = (f"the workers idle while the loop waits: too few batches in flight, "
                       f"raise prefetch{pf}; or other processes compete for the CPUs (load "
-                      f"average {load:.1f} on {cpus.machine} CPUs)")
+                      f"average {load:.1f} on {cpus.machine} CPUs){crowd}; netcl_loader.tune "
+                      f"measures each setting")
         return Verdict("loader", loader_frac, "the loader is the bottleneck", reason, advice,
                        figures)
 
@@ -853,6 +857,7 @@ class LoaderStats:
         try:
             from matplotlib.backends.backend_agg import FigureCanvasAgg
             from matplotlib.figure import Figure
+            from matplotlib.ticker import MaxNLocator
         except ImportError as exc:
             raise ImportError(f"loader.stats.plot() needs matplotlib ({exc}); remedy: pip "
                               f"install matplotlib, or pip install 'netcl-loader[plot]'") from exc
@@ -863,6 +868,7 @@ class LoaderStats:
         if hist:
             ax1.plot([r.epoch for r in hist], [r.batches_per_second for r in hist], "o-")
             ax1.set_ylim(bottom=0)
+            ax1.xaxis.set_major_locator(MaxNLocator(integer=True))
         else:
             ax1.text(0.5, 0.5, "no finished epoch", ha="center", va="center",
                      transform=ax1.transAxes)
@@ -894,7 +900,8 @@ class LoaderStats:
                 ax3.text(k, bottom[k], f"busy {_pct(f.busy_fraction)}", ha="center",
                          va="bottom", fontsize="small")
         if ws:
-            ax3.legend(loc="lower right", fontsize="small")
+            ax3.set_ylim(0, 1.3 * max(float(bottom.max()), 1e-3))  # room for the legend
+            ax3.legend(loc="upper center", ncol=4, fontsize="small")
         ax3.set_ylabel("ms per batch (mean)")
         ax3.set_title("stage times per worker")
         v = self.verdict

@@ -284,6 +284,8 @@ class DataLoader:
         self._maker = self._new_maker()
 
         self._stats = LoaderStats()
+        self._stats.num_workers = num_workers   # what the verdict's advice starts from
+        self._stats.prefetch = prefetch
         self._pool = None
         self._pool_dataset = None
         self._pools_started = 0
