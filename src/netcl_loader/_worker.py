@@ -121,7 +121,10 @@ def seed_everything(seed):
     torch = sys.modules.get("torch")
     if torch is not None:
         try:
-            torch.manual_seed(seed)
+            # The CPU generator alone: torch.manual_seed also walks every
+            # accelerator's generators, about 100 times the cost, and a
+            # worker uses none.  torch.initial_seed() reports it all the same.
+            torch.default_generator.manual_seed(seed)
         except Exception:  # a broken torch must not break loading
             pass
 
@@ -140,14 +143,14 @@ class RngStates:
         self.py = random.getstate()
         self.np = np.random.get_state()
         torch = sys.modules.get("torch")
-        self.torch = torch.random.get_rng_state() if torch is not None else None
+        self.torch = torch.default_generator.get_state() if torch is not None else None
 
     def restore(self):
         random.setstate(self.py)
         np.random.set_state(self.np)
         torch = sys.modules.get("torch")
         if torch is not None and self.torch is not None:
-            torch.random.set_rng_state(self.torch)
+            torch.default_generator.set_state(self.torch)
 
 
 def limit_threads():
