@@ -427,7 +427,8 @@ def test_zero_size_arrays_go_through_a_slot(mode):
 # -- torch tensors in slots (SPEC §10) ------------------------------------------------
 
 def _torch():
-    return pytest.importorskip("torch", reason="torch is not installed (the 'bench' extra)")
+    return pytest.importorskip(
+        "torch", reason="torch cannot be imported here (not installed, or hidden as .ci/asan does)")
 
 
 TENSOR_DTYPES = ["bool", "uint8", "int16", "int64", "uint16", "float16", "bfloat16", "float32",
