@@ -305,25 +305,6 @@ def memcpy_limit(ref_batch):
     return nbytes / med / 1e9, 1.0 / med
 
 
-def memcpy_epoch_limit(source, batch_size, seed=SEED):
-    """(GB/s, batches/s) of SPEC section 9's memcpy limit: one thread copying every
-    sample of a shuffled epoch once, from the dataset's arrays into a reused batch
-    buffer (``np.take`` into it: one copy per row, no allocation)."""
-    n = len(source[0])
-    order = np.random.default_rng(seed).permutation(n)
-    bufs = [np.empty((batch_size,) + a.shape[1:], a.dtype) for a in source]
-    nbytes = 0
-    t0 = time.perf_counter()
-    for start in range(0, n, batch_size):
-        idx = order[start:start + batch_size]
-        for a, buf in zip(source, bufs):
-            out = buf[:len(idx)]
-            np.take(a, idx, axis=0, out=out)
-            nbytes += out.nbytes
-    seconds = time.perf_counter() - t0
-    return nbytes / seconds / 1e9, -(-n // batch_size) / seconds
-
-
 def run_epochs(loader, epochs, memory=False):
     """One warm-up epoch and ``epochs`` measured ones; a record per measured epoch.
 
@@ -463,6 +444,17 @@ def _close_netcl(loader):
     loader.close()
 
 
+#: Grain's mp_prefetch workers are OOM-killed on this 24 GB machine for a 1.2 GB
+#: dataset (big), and leave shared_memory objects in /dev/shm behind: larger
+#: datasets run Grain without workers only.
+GRAIN_MAX_BYTES = 1 << 30
+
+
+def scenario_bytes(scenario):
+    """Bytes of a scenario's source arrays (0 when unknown)."""
+    return sum(int(a.nbytes) for a in scenario.source) if scenario.source else 0
+
+
 def loader_specs(scenario, num_workers, peers):
     """The loader variants run for ``scenario`` at ``num_workers``."""
     from netcl_loader import DataLoader
@@ -499,7 +491,7 @@ def loader_specs(scenario, num_workers, peers):
                 lambda ds, b, w: ndl.DataLoader(ds, batch_size=b, shuffle=True, num_workers=w,
                                                 seed=SEED, use_shared_mem=True),
                 _close_netcl))
-    if "grain" in peers:
+    if "grain" in peers and not (num_workers and scenario_bytes(scenario) > GRAIN_MAX_BYTES):
         grain = peers["grain"]
         specs.append(LoaderSpec(
             "grain", "grain", "plain",
@@ -549,10 +541,18 @@ def torch_loader_specs(num_workers, peers):
     return specs
 
 
+def _dev_shm_names():
+    try:
+        return os.listdir("/dev/shm")
+    except OSError:
+        return []
+
+
 def run_one(spec, scenario, num_workers, epochs):
     """Build, run and close one loader; returns (records, error or None, stray pids)."""
     loader = None
     records, error = [], None
+    shm_before = set(_dev_shm_names())
     try:
         loader = spec.make(scenario.datasets[spec.kind], scenario.batch_size, num_workers)
         records = run_epochs(loader, epochs, memory=spec.memory)
@@ -567,7 +567,11 @@ def run_one(spec, scenario, num_workers, epochs):
                 error = error or f"close failed: {type(exc).__name__}: {exc}"
         del loader
         gc.collect()
-    return records, error, wait_children_exit()
+    stray = wait_children_exit()
+    left = sorted(set(_dev_shm_names()) - shm_before)
+    if left:  # a peer left shared-memory objects behind: say so, with its error
+        error = (error + "; " if error else "") + f"left in /dev/shm: {left}"
+    return records, error, stray
 
 
 # --------------------------------------------------------------------------
@@ -780,6 +784,7 @@ def main(argv=None):
     t_start = time.perf_counter()
     peers, skipped = _import_peers()
     import netcl_loader
+    from netcl_loader.selftest import memcpy_epoch_limit
 
     if "torch" in peers and args.torch_threads:
         sys.modules["torch"].set_num_threads(args.torch_threads)
@@ -811,7 +816,7 @@ def main(argv=None):
                 # Sampled next to the runs it is compared with, as the load drifts.
                 memcpy[name].append(memcpy_limit(sc.ref_batch))
                 if sc.source is not None:
-                    memcpy_epoch[name].append(memcpy_epoch_limit(sc.source, sc.batch_size))
+                    memcpy_epoch[name].append(memcpy_epoch_limit(sc.source, sc.batch_size, seed=SEED))
                 specs = loader_specs(sc, w, peers)
                 k = rep % len(specs)
                 for spec in specs[k:] + specs[:k]:   # rotate: nobody always runs first

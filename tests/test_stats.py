@@ -19,7 +19,8 @@ def _dataset(n=N):
 
 
 class _SlowSamples:
-    """Each sample takes ``delay`` seconds: the loader, not the loop, is the bottleneck."""
+    """``__getitem__`` sleeps ``delay`` seconds: a known time that needs no CPU (the loader,
+    not the loop, is the bottleneck)."""
 
     def __init__(self, n, delay):
         self.n, self.delay = n, delay
@@ -203,21 +204,7 @@ def _burn(seconds):
         pass
 
 
-class _SleepySamples:
-    """``__getitem__`` sleeps ``delay`` seconds: a known time that needs no CPU."""
-
-    def __init__(self, n, delay):
-        self.n, self.delay = n, delay
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        time.sleep(self.delay)
-        return np.full(4, i, np.float32)
-
-
-class _CpuSamples(_SleepySamples):
+class _CpuSamples(_SlowSamples):
     """``__getitem__`` computes for ``delay`` seconds of CPU: more workers than CPUs cannot help."""
 
     def __getitem__(self, i):
@@ -270,7 +257,7 @@ def two_cpus():
 
 def test_stage_times_add_up_to_the_workers_busy_time():
     delay, collate_delay, batch = 0.002, 0.005, 4
-    with DataLoader(_SleepySamples(80, delay), batch_size=batch, shuffle=False,
+    with DataLoader(_SlowSamples(80, delay), batch_size=batch, shuffle=False,
                     num_workers=1, prefetch=4, collate_fn=_SleepyCollate(collate_delay)) as loader:
         for _ in range(2):
             list(loader)  # an empty loop: the worker always has its next task queued
@@ -317,7 +304,7 @@ def test_stage_times_in_process():
         time.sleep(collate_delay)
         return x + 1
 
-    with DataLoader(_SleepySamples(24, delay), batch_size=4, shuffle=False, num_workers=0,
+    with DataLoader(_SlowSamples(24, delay), batch_size=4, shuffle=False, num_workers=0,
                     transforms=add_one) as loader:
         list(loader)
         rows = loader.stats.recent_batches()
@@ -517,7 +504,7 @@ def test_verdict_too_few_workers_for_the_cpus(two_cpus):
     # The issue's case: 1 worker taking 25 ms a batch, a 20 ms step.  The loop
     # waits about 5 ms of every 25: the loader limits it, and a second worker
     # on the second CPU would keep up.
-    with DataLoader(_SleepySamples(120, 0.00625), batch_size=4, num_workers=1,
+    with DataLoader(_SlowSamples(120, 0.00625), batch_size=4, num_workers=1,
                     seed=0) as loader:
         v, line = _run_and_judge(loader, 1, step=0.02)
     assert v.bottleneck == "loader"
@@ -529,7 +516,7 @@ def test_verdict_too_few_workers_for_the_cpus(two_cpus):
 
 
 def test_verdict_in_process_suggests_workers(two_cpus):
-    with DataLoader(_SleepySamples(40, 0.002), batch_size=4, num_workers=0) as loader:
+    with DataLoader(_SlowSamples(40, 0.002), batch_size=4, num_workers=0) as loader:
         v, _ = _run_and_judge(loader, 1)
     assert v.bottleneck == "loader"
     assert "more workers would help: num_workers=2" in v.advice

@@ -516,26 +516,31 @@ def check_errors(run):
             f"worker_restarts={restarts}")
 
 
-def _memcpy_epoch_gbs(arrays, batch, epochs):
-    """SPEC section 9's memcpy limit: one thread copying every sample of a shuffled
-    epoch once from the dataset's arrays into a reused batch buffer (``np.take``
-    into it); the median over ``epochs`` epochs, in GB/s."""
+def memcpy_epoch_limit(arrays, batch_size, seed=0):
+    """SPEC section 9's memcpy limit for one epoch: ``(GB/s, batches/s)`` of one
+    thread copying every sample of a shuffled epoch once, from the dataset's
+    ``arrays`` into a reused batch buffer (``np.take`` into it: one copy per
+    row, no allocation).  ``bench/peers.py`` measures the same."""
     n = len(arrays[0])
-    bufs = [np.empty((batch,) + a.shape[1:], a.dtype) for a in arrays]
-    rates = []
-    for e in range(epochs + 1):  # the first epoch warms the buffers and caches
-        order = np.random.default_rng(e).permutation(n)
-        nbytes = 0
-        t0 = time.perf_counter()
-        for start in range(0, n, batch):
-            idx = order[start:start + batch]
-            for a, buf in zip(arrays, bufs):
-                out = buf[:len(idx)]
-                np.take(a, idx, axis=0, out=out)
-                nbytes += out.nbytes
-        if e:
-            rates.append(_gbs(nbytes, time.perf_counter() - t0))
-    return float(np.median(rates))
+    order = np.random.default_rng(seed).permutation(n)
+    bufs = [np.empty((batch_size,) + a.shape[1:], a.dtype) for a in arrays]
+    nbytes = 0
+    t0 = time.perf_counter()
+    for start in range(0, n, batch_size):
+        idx = order[start:start + batch_size]
+        for a, buf in zip(arrays, bufs):
+            out = buf[:len(idx)]
+            np.take(a, idx, axis=0, out=out)
+            nbytes += out.nbytes
+    seconds = time.perf_counter() - t0
+    return _gbs(nbytes, seconds), -(-n // batch_size) / seconds
+
+
+def _memcpy_epoch_gbs(arrays, batch, epochs):
+    """The memcpy limit in GB/s: the median over ``epochs`` epochs, after one that
+    warms the buffers and caches."""
+    rates = [memcpy_epoch_limit(arrays, batch, seed=e)[0] for e in range(epochs + 1)]
+    return float(np.median(rates[1:]))
 
 
 def _copy_gbs(src, dst, reps):
