@@ -62,7 +62,8 @@ typedef struct {
     uint64_t transform_ns;  /* transforms */
     uint64_t write_ns;      /* layout record, copies into the slot, publish */
     uint64_t start_ns;      /* CLOCK_MONOTONIC when the worker took the task */
-    uint64_t pad[3];
+    uint64_t skipped;       /* samples the dataset replaced by good ones (bad files) */
+    uint64_t pad[2];
 } netcl_slot_header_t;
 
 #if defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L

@@ -175,6 +175,7 @@ class EpochIterator:
             seq, slot, wid, n = self._wait()
             header = self.pool.header
             times = header.times(slot)  # the worker's stage times, before the slot is freed
+            skipped = header.skipped(slot)  # samples its dataset replaced (bad files)
             t_decode = time.perf_counter()  # (for a piped batch: after it has arrived)
             if header.state(slot) == READY:
                 try:
@@ -213,6 +214,7 @@ class EpochIterator:
                 self.progress.prefix += 1
                 batch = None
                 continue
+            stats.skipped += skipped
             return batch, seq, wid, n, times, time.perf_counter() - t_decode
 
     def _kick_if_behind(self):
@@ -272,6 +274,7 @@ class EpochIterator:
         # In-process, making the batch is all the time the caller waits.
         stats.record_wait(t_decode - now)
         fetch, coll, trans = maker.times
+        stats.skipped += maker.skipped
         stats.record_batch(len(indices) if not self.iterable else batch_len(batch), -1,
                            (fetch, coll, trans, 0, 0), end - t_decode, end - self._last)
         self._last = end

@@ -62,6 +62,7 @@ cdef extern from "netcl_ring.h" nogil:
         uint64_t transform_ns
         uint64_t write_ns
         uint64_t start_ns
+        uint64_t skipped
     netcl_slot_header_t *netcl_slot(void *base, uint32_t i)
     ctypedef struct netcl_queue_t:
         uint32_t head

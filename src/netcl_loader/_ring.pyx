@@ -278,9 +278,11 @@ cdef class RingHeader:
 
     def finish(self, uint32_t i, uint32_t new_state, uint64_t meta_off, uint64_t meta_len,
                uint64_t used, uint64_t needed, uint64_t fetch_ns=0, uint64_t collate_ns=0,
-               uint64_t transform_ns=0, uint64_t write_ns=0, uint64_t start_ns=0):
+               uint64_t transform_ns=0, uint64_t write_ns=0, uint64_t start_ns=0,
+               uint64_t skipped=0):
         """A worker's last word on slot ``i``: the result record, the stage times,
-        then publish ``new_state`` (READY, PIPED or CANCELLED), in one call."""
+        the samples its dataset skipped, then publish ``new_state`` (READY, PIPED
+        or CANCELLED), in one call."""
         cdef netcl_slot_header_t *s = self.slot(i)
         s.meta_off = meta_off
         s.meta_len = meta_len
@@ -291,12 +293,18 @@ cdef class RingHeader:
         s.transform_ns = transform_ns
         s.write_ns = write_ns
         s.start_ns = start_ns
+        s.skipped = skipped
         netcl_ring_publish(self.hdr, s, new_state)
 
     cpdef tuple times(self, uint32_t i):
         """(fetch_ns, collate_ns, transform_ns, write_ns, start_ns) of a published slot."""
         cdef netcl_slot_header_t *s = self.slot(i)
         return (s.fetch_ns, s.collate_ns, s.transform_ns, s.write_ns, s.start_ns)
+
+    def skipped(self, uint32_t i):
+        """Samples the dataset replaced by good ones in the batch of published slot ``i``
+        (bad files with ``on_error="skip"``)."""
+        return self.slot(i).skipped
 
     def set_indices(self, uint32_t i, const unsigned char[::1] data):
         """Write a task's indices (int64 bytes) into slot ``i``'s index area; False if too long."""

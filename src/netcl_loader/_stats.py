@@ -324,6 +324,9 @@ class LoaderStats:
     piped_batches, uploads, upload_fallbacks, worker_restarts : int
         Batches that came through a pipe, device uploads, uploads that fell
         back to NumPy, pools restarted after a worker died.
+    skipped : int
+        Samples a dataset replaced by others in delivered batches (the image
+        datasets' bad files with ``on_error="skip"``).
     num_workers, prefetch : int or None
         Set by the loader where it knows them; otherwise ``num_workers`` is
         inferred from the worker ids seen.
@@ -350,6 +353,7 @@ class LoaderStats:
     uploads: int = 0
     upload_fallbacks: int = 0
     worker_restarts: int = 0
+    skipped: int = 0               # samples a dataset replaced (bad files skipped)
     num_workers: int | None = None
     prefetch: int | None = None
 
@@ -472,6 +476,7 @@ class LoaderStats:
         self.epochs = 0
         self.wait_seconds = 0.0
         self.piped_batches = self.uploads = self.upload_fallbacks = self.worker_restarts = 0
+        self.skipped = 0
         self._clear()
         if open_epoch is not None:
             # Tasks the workers started before the reset count from here.
@@ -790,7 +795,7 @@ class LoaderStats:
         d = {k: getattr(self, k) for k in (
             "batches", "samples", "epochs", "wait_seconds", "wall_seconds", "ring_slots",
             "ring_bytes", "piped_batches", "uploads", "upload_fallbacks", "worker_restarts",
-            "num_workers", "prefetch")}
+            "skipped", "num_workers", "prefetch")}
         d["wait_fraction"] = self.wait_fraction
         d["stages"] = {k: asdict(v) for k, v in self.stages.items()}
         d["workers"] = [asdict(v) for v in self.workers.values()]
@@ -812,7 +817,8 @@ class LoaderStats:
                 f"({100 * self.wait_fraction:.1f}%: {verdict}); ring {self.ring_slots} slots, "
                 f"{self.ring_bytes / 2**20:.1f} MiB; {self.piped_batches} piped; "
                 f"{self.uploads} uploads, {self.upload_fallbacks} fallbacks; "
-                f"{self.worker_restarts} worker restarts")
+                f"{self.worker_restarts} worker restarts"
+                + (f"; {self.skipped} samples skipped" if self.skipped else ""))
 
     def report(self):
         """A few lines for humans: the verdict, per-stage and per-worker tables, epochs."""
@@ -918,7 +924,8 @@ class LoaderStats:
     def __repr__(self):
         counts = ", ".join(f"{k}={getattr(self, k)!r}" for k in (
             "batches", "samples", "epochs", "wait_seconds", "wall_seconds", "ring_slots",
-            "ring_bytes", "piped_batches", "uploads", "upload_fallbacks", "worker_restarts"))
+            "ring_bytes", "piped_batches", "uploads", "upload_fallbacks", "worker_restarts",
+            "skipped"))
         return f"LoaderStats({counts})"
 
 

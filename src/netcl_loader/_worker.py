@@ -266,6 +266,34 @@ def _tensor_columns(dataset):
     return columns
 
 
+# -- The batch's seed for datasets that ask for it; skipped samples ------------------
+#
+# A dataset whose class sets ``_netcl_batch_seed = True`` draws its random
+# numbers from the batch's own seed, ``batch_seed(base_seed, epoch, seq,
+# rank)``, whatever ``worker_seeding`` is: ``current_batch_seed()`` returns
+# it while the loader makes that batch (in the dataset's ``gather_batch``,
+# ``__getitems__`` or ``__getitem__``), and None elsewhere.  Drawing from
+# ``np.random.default_rng(current_batch_seed())`` then gives the same draws
+# for every ``num_workers``, delivery mode and after a resume, without the
+# global RNGs.  A dataset that replaces a sample by another (a bad file
+# skipped) says so with ``count_skipped()``: the count travels with the batch
+# (in its slot header) to ``loader.stats.skipped``.
+_batch_seed_now = None
+_skipped_now = 0
+
+
+def current_batch_seed():
+    """The seed of the batch this process is making, for a dataset with
+    ``_netcl_batch_seed = True``; None outside a loader's batch or for other datasets."""
+    return _batch_seed_now
+
+
+def count_skipped(n=1):
+    """Count ``n`` samples of the batch being made as replaced by others (``loader.stats.skipped``)."""
+    global _skipped_now
+    _skipped_now += n
+
+
 class BatchMaker:
     """Makes the batches of one loader: the same code in a worker and in-process.
 
@@ -279,7 +307,7 @@ class BatchMaker:
 
     __slots__ = ("dataset", "collate_fn", "transforms", "batched", "batch_size", "drop_last",
                  "iterable", "seed_batches", "base_seed", "rank", "stream", "stream_token",
-                 "columns", "times")
+                 "columns", "times", "wants_seed", "key", "skipped")
 
     def __init__(self, dataset, collate_fn, transforms, batched, batch_size, drop_last, iterable,
                  seeding, base_seed, rank):
@@ -302,9 +330,14 @@ class BatchMaker:
         self.columns = (_tensor_columns(dataset)
                         if collate_fn is None and batched and not iterable else None)
         self.times = (0, 0, 0)
+        self.wants_seed = bool(getattr(dataset, "_netcl_batch_seed", False))
+        self.key = None       # the next batch's seed, for a dataset that wants it
+        self.skipped = 0      # samples the dataset replaced in the last batch
 
     def seed(self, epoch, seq):
         """Seed the RNGs for batch ``seq`` of ``epoch``; returns the seed, or None when not seeding."""
+        if self.wants_seed:
+            self.key = batch_seed(self.base_seed, epoch, seq, self.rank)
         if not self.seed_batches:
             return None
         seed = batch_seed(self.base_seed, epoch, seq, self.rank)
@@ -318,24 +351,29 @@ class BatchMaker:
         in nanoseconds; a batch fast path counts as fetching (collation is
         fused into it).
         """
+        global _batch_seed_now, _skipped_now
         clock = time.perf_counter_ns
         t0 = clock()
         collated = False
-        if self.iterable:
-            samples = self._next_from_stream()
-        elif not self.batched:
-            # No auto-batching: the sample as fetched (PyTorch's batch_size=None).
-            index = indices[0]
-            samples = self.dataset[int(index) if isinstance(index, np.integer) else index]
-        elif self.columns is not None and isinstance(indices, np.ndarray):
-            samples, collated = self._gather_tensors(indices, alloc), True
-        elif (self.collate_fn is None and isinstance(indices, np.ndarray)
-              and hasattr(self.dataset, "gather_batch")):
-            samples, collated = self.dataset.gather_batch(indices, alloc), True
-        else:
-            idx = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
-            getitems = getattr(self.dataset, "__getitems__", None)
-            samples = getitems(idx) if getitems is not None else [self.dataset[i] for i in idx]
+        _batch_seed_now, _skipped_now, self.key = self.key, 0, None
+        try:
+            if self.iterable:
+                samples = self._next_from_stream()
+            elif not self.batched:
+                # No auto-batching: the sample as fetched (PyTorch's batch_size=None).
+                index = indices[0]
+                samples = self.dataset[int(index) if isinstance(index, np.integer) else index]
+            elif self.columns is not None and isinstance(indices, np.ndarray):
+                samples, collated = self._gather_tensors(indices, alloc), True
+            elif (self.collate_fn is None and isinstance(indices, np.ndarray)
+                  and hasattr(self.dataset, "gather_batch")):
+                samples, collated = self.dataset.gather_batch(indices, alloc), True
+            else:
+                idx = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
+                getitems = getattr(self.dataset, "__getitems__", None)
+                samples = getitems(idx) if getitems is not None else [self.dataset[i] for i in idx]
+        finally:
+            self.skipped, _batch_seed_now = _skipped_now, None
         t1 = clock()
         if collated:
             batch = samples
@@ -534,7 +572,8 @@ def worker_loop(config, conn, ring, lifeline):
             writer = SlotWriter(ring.segment(slot), ring.capacity(slot)) if use_shared_mem else None
             batch = maker.make(indices, writer.alloc if writer is not None else np.empty)
             if writer is not None:
-                if ring.publish_batch(slot, writer, batch, maker.times + (start,)):
+                if ring.publish_batch(slot, writer, batch, maker.times + (start,),
+                                      maker.skipped):
                     continue
                 needed = writer.needed
             payload = Result(BATCH, token, seq, batch)
@@ -547,7 +586,7 @@ def worker_loop(config, conn, ring, lifeline):
             payload = Result(kind, token, seq, error_record(exc, indices, worker_id))
         # Publish first, then send: a large payload blocks in send until the
         # main process, woken by the publish, reads it.
-        ring.publish(slot, PIPED, needed, maker.times + (start,))
+        ring.publish(slot, PIPED, needed, maker.times + (start,), maker.skipped)
         try:
             data = dumps(payload)
         except Exception as exc:  # the batch does not pickle

@@ -907,14 +907,16 @@ class SharedBatchRingBuffer:
         token = self._header.token() if token is None else token
         return self._header.assign(slot, token, seq, owner, epoch, indices)
 
-    def publish(self, slot, state, needed=0, times=(0, 0, 0, 0)):
+    def publish(self, slot, state, needed=0, times=(0, 0, 0, 0), skipped=0):
         """Publish ``state`` (PIPED or CANCELLED; READY through :meth:`publish_batch`)
-        for an assigned slot, with the bytes its batch needed and its stage times
-        ``(fetch, collate, transforms, start)`` in ns; wakes the waiters."""
+        for an assigned slot, with the bytes its batch needed, its stage times
+        ``(fetch, collate, transforms, start)`` in ns and the samples its dataset
+        skipped (replaced by good ones); wakes the waiters."""
         fetch, collate, transform, start = times
-        self._header.finish(slot, state, 0, 0, 0, needed, fetch, collate, transform, 0, start)
+        self._header.finish(slot, state, 0, 0, 0, needed, fetch, collate, transform, 0, start,
+                            skipped)
 
-    def publish_batch(self, slot, writer, batch, times=(0, 0, 0, 0)):
+    def publish_batch(self, slot, writer, batch, times=(0, 0, 0, 0), skipped=0):
         """Finish ``batch`` in ``slot`` (its arrays from ``writer.alloc``, or copied in now),
         write its layout record and stage times, and publish READY.
 
@@ -928,7 +930,7 @@ class SharedBatchRingBuffer:
             return False
         fetch, collate, transform, start = times
         self._header.finish(slot, READY, done[0], done[1], done[2], writer.needed, fetch,
-                            collate, transform, time.perf_counter_ns() - t0, start)
+                            collate, transform, time.perf_counter_ns() - t0, start, skipped)
         return True
 
     def free(self, slot):
