@@ -8,14 +8,15 @@ except ImportError as exc:  # pragma: no cover - a broken install
         f"--no-binary netcl-loader netcl-loader, or pip install . from a clone).") from exc
 
 from ._worker import WorkerInfo, get_worker_info
-from .dataloader import DataLoader, LoaderStats, WorkerError
+from .dataloader import DataLoader, LoaderStats, LoaderTimeout, WorkerError
 from .datasets import ArrayDataset, Subset, random_split
 from .gpu_batch import GpuBatch
 
 __version__ = "0.1.0"
 
 __all__ = ["DataLoader", "ArrayDataset", "Subset", "random_split", "get_worker_info",
-           "WorkerInfo", "GpuBatch", "WorkerError", "LoaderStats", "tune", "__version__"]
+           "WorkerInfo", "GpuBatch", "WorkerError", "LoaderTimeout", "LoaderStats", "tune",
+           "__version__"]
 
 
 def __getattr__(name):

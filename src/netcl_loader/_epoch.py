@@ -8,6 +8,7 @@ import numpy as np
 
 from ._pool import (LEASE_NEXT_CALL, LEASE_REFS, LEASE_UPLOAD, SLOT_GROWTH,
                     WorkerError)
+from ._errors import LoaderTimeout
 from ._order import Progress, numbered
 from ._protocol import BATCH, END, ERROR, ERROR_END, rebuild_error
 from ._ring import PIPED, READY
@@ -337,9 +338,8 @@ class EpochIterator:
                 if left <= 0:
                     slot, wid, _ = self.pending[waiting]
                     self._abandon()
-                    raise TimeoutError(
-                        f"DataLoader timed out after timeout={timeout} s waiting for batch "
-                        f"{waiting} from worker {wid} (pid {pool.procs[wid].pid})")
+                    raise LoaderTimeout(timeout, f"waiting for batch {waiting} from worker "
+                                                 f"{wid} (pid {pool.procs[wid].pid})")
                 slice_ms = max(1, min(slice_ms, int(left * 1000) + 1))
             if ready(slice_ms):
                 break
@@ -363,9 +363,8 @@ class EpochIterator:
             pool.check_alive()
             if loader.timeout is not None and time.perf_counter() - t0 >= loader.timeout:
                 self._abandon()
-                raise TimeoutError(f"DataLoader timed out after timeout={loader.timeout} s "
-                                   f"waiting for a free ring slot (the caller holds "
-                                   f"{pool.lent_count()} batches)")
+                raise LoaderTimeout(loader.timeout, f"waiting for a free ring slot (the "
+                                                    f"caller holds {pool.lent_count()} batches)")
             header.wait_gen(seen, WAIT_SLICE_MS)
         loader._stats.record_wait(time.perf_counter() - t0)
 

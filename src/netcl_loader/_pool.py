@@ -10,6 +10,7 @@ import weakref
 
 import numpy as np
 
+from ._errors import LoaderTimeout
 from ._protocol import (ENTRY_PIPED_TASK, ENTRY_REMAP, ENTRY_STOP, ENTRY_TASK,
                         FLAG_PICKLED_INDICES, KIND_REMAP, KIND_TASK, TASK_HEADER, send_fd)
 from ._ring import CANCELLED, PIPED, READY
@@ -341,7 +342,7 @@ class Pool:
     def recv(self, wid, token, seq, timeout=None):
         """The pipe payload of batch ``seq`` of iteration ``token`` from worker ``wid``.
 
-        Raises TimeoutError after ``timeout`` seconds (None: never), and
+        Raises LoaderTimeout after ``timeout`` seconds (None: never), and
         WorkerError when the worker dies meanwhile.
         """
         key = (token, seq)
@@ -354,9 +355,8 @@ class Pool:
             while not conn.poll(LIVENESS_CHECK_SECONDS):
                 self.check_alive()
                 if deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError(
-                        f"DataLoader timed out after timeout={timeout} s waiting for batch {seq} "
-                        f"from worker {wid} (pid {self.procs[wid].pid}) to arrive by pipe")
+                    raise LoaderTimeout(timeout, f"waiting for batch {seq} from worker {wid} "
+                                                 f"(pid {self.procs[wid].pid}) to arrive by pipe")
             try:
                 msg = conn.recv()
             except (EOFError, OSError):

@@ -27,6 +27,7 @@ import warnings
 import weakref
 
 from ._epoch import EpochIterator
+from ._errors import LoaderTimeout
 from ._options import (BATCH_SIZE, DROP_LAST, OUTPUTS, SHUFFLE, Unset, check_callable,
                        check_nonnegative_int_or_none, check_positive_int, given,
                        is_iterable_dataset,
@@ -39,7 +40,7 @@ from ._tree import map_leaves, torch_structure
 from ._worker import WORKER_SEEDINGS, BatchMaker
 from .shared_batch import OutputPool, convert_output
 
-__all__ = ["DataLoader", "WorkerError", "LoaderStats"]
+__all__ = ["DataLoader", "WorkerError", "LoaderStats", "LoaderTimeout"]
 
 
 class DataLoader:
@@ -91,7 +92,8 @@ class DataLoader:
     in_order : bool, default True
         Yield batches in order; ``False`` yields them as they finish.
     timeout : float, optional
-        Seconds to wait for one batch before a TimeoutError; 0 or None: none.
+        Seconds to wait for one batch before a :class:`LoaderTimeout` (a
+        ``TimeoutError`` and, as PyTorch's, a ``RuntimeError``); 0 or None: none.
     worker_init_fn : callable, optional
         ``worker_init_fn(worker_id)``, once in each new worker.
     multiprocessing_context : str or context, optional

@@ -1,29 +1,38 @@
-"""The PyTorch face: ``DataLoader`` with ``torch.utils.data.DataLoader``'s signature and defaults.
+"""The PyTorch face: a ``torch.utils.data.DataLoader`` made by netcl_loader's engine.
 
 Switching from PyTorch takes one changed import::
 
     from netcl_loader.torch import DataLoader      # was: from torch.utils.data import DataLoader
 
-The same engine as :class:`netcl_loader.DataLoader` runs underneath (the
-shared-memory ring, the persistent worker pool, the compiled collate); this
-face only gives PyTorch's positional order and defaults (``batch_size=1``, no
-shuffle, ``num_workers=0``, ``timeout=0``, ``persistent_workers=False``),
-yields torch tensors (``output="torch"``), seeds workers as PyTorch does
-(``worker_seeding="worker"``) and shapes batches as ``default_collate`` does
-(plain tuples become lists).  Importing this module imports torch.
+:class:`DataLoader` here is a subclass of ``torch.utils.data.DataLoader``:
+frameworks that check for one (Lightning, Accelerate, Hugging Face's Trainer)
+treat it as one.  Its attributes are the ones PyTorch sets, with PyTorch's
+values and PyTorch's rules for reassignment; underneath, the engine of
+:class:`netcl_loader.DataLoader` (the shared-memory ring, the persistent
+worker pool, the compiled collate) makes the batches.  Importing this module
+imports torch.
 """
 from __future__ import annotations
 
 import numbers
+import sys
+import warnings
+from typing import TypeVar
 
 import torch
+from torch.utils.data import (BatchSampler, IterableDataset, RandomSampler, SequentialSampler)
+from torch.utils.data import DataLoader as _TorchDataLoader
+from torch.utils.data._utils.collate import default_collate, default_convert
+from torch.utils.data.dataloader import _DatasetKind, _InfiniteConstantSampler
 
 from . import dataloader as _engine
+from ._errors import LoaderTimeout
+from ._order import global_order, local_order, shard_length
+from ._worker import get_worker_info  # re-exported, as torch.utils.data has it
+from .datasets import random_split as _random_split
 
-__all__ = ["DataLoader", "get_worker_info", "random_split"]
-
-from ._worker import get_worker_info  # noqa: E402  re-exported, as torch.utils.data has it
-from .datasets import random_split as _random_split  # noqa: E402
+__all__ = ["DataLoader", "EngineOrderSampler", "LoaderTimeout", "get_worker_info",
+           "random_split"]
 
 
 def random_split(dataset, lengths, generator=torch.default_generator):
@@ -36,20 +45,217 @@ def random_split(dataset, lengths, generator=torch.default_generator):
     return _random_split(dataset, lengths, generator=generator)
 
 
-class DataLoader(_engine.DataLoader):
+class _Engine(_engine.DataLoader):
+    """The engine under the PyTorch face: batches shaped as ``default_collate`` shapes them."""
+
+    _tuples_as_lists = True
+
+
+#: Attributes whose assignment changes what the engine does: the engine is
+#: rebuilt from the face's attributes before the next iteration.  (PyTorch
+#: refuses to reassign batch_size, batch_sampler, sampler, drop_last,
+#: dataset and persistent_workers at all.)
+_ENGINE_FED = frozenset({
+    "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
+    "multiprocessing_context", "generator", "prefetch_factor", "pin_memory_device", "in_order",
+    "seed", "transforms", "use_shared_mem", "zero_copy", "prefetch", "rank", "world_size",
+    "output", "worker_seeding"})
+
+#: The engine's position, carried over when it is rebuilt or unpickled.
+_POSITION = ("_next_epoch", "_epoch_from_caller", "_resume", "_stopped")
+
+
+class EngineOrderSampler:
+    """The built-in order of a :class:`DataLoader`, as a sampler.
+
+    Iterating it gives the indices the loader yields in its current epoch (the
+    one being iterated, else the next): with ``shuffle=True`` the permutation
+    drawn from ``(seed, epoch)``, on this rank's share when the loader was
+    given ``rank``/``world_size``.  :meth:`set_epoch` sets the loader's epoch
+    (Lightning and Accelerate call it before every epoch).  The loader itself
+    does not iterate it: it makes the same order in its engine.
+
+    Once a framework assigns its own ``generator`` (Accelerate does so to
+    synchronise processes), the sampler draws as ``RandomSampler`` draws, from
+    that generator.
+    """
+
+    def _link(self, engine):
+        self._engine = engine
+        self._seed = engine.seed
+        self._epoch = engine._next_epoch
+
+    def _current_epoch(self):
+        eng = self._engine
+        if eng is None:
+            return self._epoch
+        it = eng._active() if eng._active is not None else None
+        if it is not None and not it.finished:
+            return it.epoch
+        if eng._resume is not None:
+            return eng._resume[0]
+        return eng._next_epoch
+
+    @property
+    def seed(self):
+        """The base seed of the order (the loader's)."""
+        return self._engine.seed if self._engine is not None else self._seed
+
+    @property
+    def epoch(self):
+        """The epoch whose order iterating this sampler gives."""
+        return self._current_epoch()
+
+    def set_epoch(self, epoch):
+        """Make ``epoch`` the loader's next epoch (see ``DataLoader.set_epoch``)."""
+        if self._engine is not None:
+            self._engine.set_epoch(epoch)
+        self._epoch = int(epoch)
+
+    def _indices(self):
+        n = len(self.data_source)
+        order = global_order(n, self.seed, self._current_epoch(), self._shuffle)
+        return local_order(order, self._rank, self._world_size, self._drop_last).tolist()
+
+    def __iter__(self):
+        return iter(self._indices())
+
+    def __len__(self):
+        return shard_length(len(self.data_source), self._world_size, self._drop_last)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_epoch"] = self._current_epoch()
+        state["_seed"] = self.seed
+        state["_engine"] = None  # relinked by the loader that unpickles it
+        return state
+
+
+class _ShuffledOrder(EngineOrderSampler, RandomSampler):
+    """``shuffle=True``: a ``RandomSampler`` (frameworks check for one) in the engine's order."""
+
+    _shuffle = True
+
+    def __init__(self, data_source, engine, generator=None):
+        RandomSampler.__init__(self, data_source, generator=generator)
+        self._own_generator = True
+        self._rank, self._world_size = engine.rank, engine.world_size
+        self._drop_last = engine.drop_last
+        self._link(engine)
+
+    @property
+    def generator(self):
+        return self.__dict__.get("_generator")
+
+    @generator.setter
+    def generator(self, value):
+        # RandomSampler.__init__ sets the loader's generator; a later
+        # assignment is a framework taking over the randomness.
+        self.__dict__["_generator"] = value
+        if self.__dict__.get("_own_generator"):
+            self._own_generator = False
+
+    def __iter__(self):
+        if not self._own_generator:
+            return RandomSampler.__iter__(self)
+        return iter(self._indices())
+
+    def __len__(self):
+        if not self._own_generator:
+            return RandomSampler.__len__(self)
+        return EngineOrderSampler.__len__(self)
+
+
+class _RankOrder(EngineOrderSampler, SequentialSampler):
+    """``shuffle=False`` with ``world_size > 1``: a ``SequentialSampler`` over this rank's share."""
+
+    _shuffle = False
+
+    def __init__(self, data_source, engine):
+        SequentialSampler.__init__(self, data_source)
+        self._rank, self._world_size = engine.rank, engine.world_size
+        self._drop_last = engine.drop_last
+        self._link(engine)
+
+
+def _is_int(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+#: The sample type a loader yields, for annotations: ``DataLoader[List[Tensor]]``.
+T_co = TypeVar("T_co", covariant=True)
+
+
+class DataLoader(_TorchDataLoader[T_co]):
     """``torch.utils.data.DataLoader``, made by netcl_loader's engine.
 
-    Parameters are PyTorch's, in PyTorch's order and with its defaults; see
+    A subclass of ``torch.utils.data.DataLoader``.  Parameters are PyTorch's,
+    in PyTorch's order and with its defaults; see
     ``torch.utils.data.DataLoader``.  After them, keyword-only, this
-    package's own: ``seed``, ``transforms``, ``use_shared_mem``, ``zero_copy``,
-    ``prefetch``, ``rank``, ``world_size``, ``output`` (default ``"torch"``),
-    ``worker_seeding`` (default ``"worker"``, PyTorch's), ``device_queue``.
+    package's own (see :class:`netcl_loader.DataLoader`).
 
+    Parameters
+    ----------
+    dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, \
+pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator, \
+prefetch_factor, persistent_workers, pin_memory_device, in_order :
+        PyTorch's.
+    seed : int, optional
+        Base seed of the shuffled order and of the workers' RNGs; drawn from
+        ``generator``, or from torch's global RNG (so ``torch.manual_seed``
+        makes a run reproducible), when omitted.
+    transforms : callable or sequence of callables, optional
+        Run on each batch in the worker.
+    use_shared_mem, zero_copy, prefetch, device_queue, async_transfer :
+        As in :class:`netcl_loader.DataLoader`.  ``prefetch`` (batches in
+        flight) replaces ``prefetch_factor``, which then reads None.
+    rank, world_size : int, optional
+        Shard the built-in order as ``DistributedSampler`` does, in the engine
+        (not with a sampler; not under a framework that injects its own).
+    output : {"torch", "numpy", None}, default "torch"
+    worker_seeding : {"worker", "batch"}, default "worker" (PyTorch's)
+
+    Attributes
+    ----------
+    dataset, batch_size, drop_last, num_workers, collate_fn, pin_memory, timeout, \
+worker_init_fn, multiprocessing_context, generator, prefetch_factor, persistent_workers, \
+pin_memory_device, in_order
+        As PyTorch sets them (``batch_size`` None with a ``batch_sampler``,
+        ``collate_fn`` PyTorch's ``default_collate`` (``default_convert``
+        with ``batch_size=None``) when none is given, ``timeout`` 0 when none,
+        ``prefetch_factor`` 2 with workers).  Reassigning ``batch_size``,
+        ``batch_sampler``, ``sampler``, ``drop_last``, ``dataset`` or
+        ``persistent_workers`` raises PyTorch's ValueError; the others take
+        effect at the next iteration.
+    sampler, batch_sampler
+        The ones given, used as given.  Otherwise ``sampler`` is a
+        ``SequentialSampler`` or, with ``shuffle=True``, a ``RandomSampler``
+        (an :class:`EngineOrderSampler`) that iterates in the loader's own
+        order, and ``batch_sampler`` a ``BatchSampler`` over it.  The loader
+        makes that order in its engine; a framework that rebuilds the loader
+        around them gets the same batches.
+    seed, transforms, output, worker_seeding, use_shared_mem, zero_copy, prefetch, \
+rank, world_size
+        This package's keywords, as given (``seed`` as drawn when omitted,
+        unless ``generator`` drew it), so that a framework that re-creates the
+        loader from its attributes (Lightning) gets the same loader.
+
+    Notes
+    -----
     Differences from PyTorch, by design: with ``shuffle=True`` the order of
-    epoch ``e`` is a permutation drawn from ``(seed, e)`` (the base seed is
-    drawn from ``generator``, or from torch's global RNG, once per loader),
-    so it is reproducible without keeping a generator's state; and batches
-    travel through shared memory without pickling.
+    epoch ``e`` is a permutation drawn from ``(seed, e)``, reproducible without
+    keeping a generator's state (``set_epoch``, ``state_dict`` and
+    ``load_state_dict`` resume it exactly); batches travel through shared
+    memory without pickling.  It pickles (Lightning's ``ddp_spawn`` pickles
+    loaders) except while a persistent worker pool is alive, as PyTorch's
+    loader with ``persistent_workers=True`` after its first iteration; the
+    pool and the ring are never part of what is pickled.  A timeout raises
+    :class:`~netcl_loader.LoaderTimeout`, a ``RuntimeError`` as PyTorch's.
+
+    Lightning re-creates it (to inject a ``DistributedSampler``) as this
+    class, engine and all.  Accelerate's ``prepare()`` rebuilds every loader
+    as PyTorch's own class: this one warns once and gives PyTorch's batches;
+    to keep the engine, do not prepare it and pass ``rank``/``world_size``.
 
     Examples
     --------
@@ -59,8 +265,6 @@ class DataLoader(_engine.DataLoader):
     >>> x, y = next(iter(loader))           # x: (32, 3) float32 tensor, y: (32,) int64
     """
 
-    _tuples_as_lists = True
-
     def __init__(self, dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None,
                  num_workers=0, collate_fn=None, pin_memory=False, drop_last=False, timeout=0,
                  worker_init_fn=None, multiprocessing_context=None, generator=None, *,
@@ -68,32 +272,331 @@ class DataLoader(_engine.DataLoader):
                  in_order=True, seed=None, transforms=None, use_shared_mem=True,
                  zero_copy=False, prefetch=None, rank=None, world_size=None, output="torch",
                  worker_seeding="worker", device_queue=None, async_transfer=False):
+        object.__setattr__(self, "_engine", None)
+        object.__setattr__(self, "_engine_ready", False)
         # PyTorch's own checks, with its meaning, before the engine's.
-        if (isinstance(num_workers, numbers.Integral) and not isinstance(num_workers, bool)
-                and num_workers < 0):
+        if _is_int(num_workers) and num_workers < 0:
             raise ValueError(f"num_workers option should be non-negative; use num_workers=0 "
                              f"to disable multiprocessing (got num_workers={num_workers!r})")
         if persistent_workers and num_workers == 0:
             raise ValueError(f"persistent_workers option needs num_workers > 0 "
                              f"(got persistent_workers={persistent_workers!r}, num_workers=0)")
+        if multiprocessing_context is not None and num_workers == 0:
+            raise ValueError(f"multiprocessing_context can only be used with multi-process "
+                             f"loading (num_workers > 0), but got num_workers=0 "
+                             f"(multiprocessing_context={multiprocessing_context!r})")
         if _engine.is_iterable_dataset(dataset) and shuffle not in (False, None):
             raise ValueError(f"DataLoader with IterableDataset: expected unspecified shuffle "
                              f"option, but got shuffle={shuffle!r}")
+        if prefetch is not None and prefetch_factor is not None:
+            # A loader re-created from its attributes passes both; they agree.
+            if _is_int(num_workers) and prefetch == prefetch_factor * num_workers:
+                prefetch_factor = None
+        drawn = seed is None
         if seed is None and generator is None:
             # PyTorch draws its base seed from the global RNG: torch.manual_seed(s)
             # before building the loader makes a run reproducible, here too.
             seed = int(torch.empty((), dtype=torch.int64).random_().item()) & ((1 << 63) - 1)
-        # batch_size, shuffle and drop_last are passed explicitly, so that the
-        # engine's (netcl's) defaults do not apply; with a batch sampler the
-        # engine accepts PyTorch's values that change nothing (batch_size=1, ...).
-        super().__init__(
+        # The engine first: its checks name the arguments and values.  It gets
+        # the order as it is meant (the built-in one unless a sampler is given)
+        # and PyTorch's default collate as its own compiled one.
+        batched = batch_size is not None or batch_sampler is not None
+        eng = _Engine(
             dataset, batch_size=batch_size, shuffle=bool(shuffle), drop_last=drop_last,
-            num_workers=num_workers, prefetch=prefetch, seed=seed,
-            transforms=transforms, use_shared_mem=use_shared_mem, sampler=sampler,
-            batch_sampler=batch_sampler, collate_fn=collate_fn, zero_copy=zero_copy,
+            num_workers=num_workers, prefetch=prefetch, seed=seed, transforms=transforms,
+            use_shared_mem=use_shared_mem, sampler=sampler, batch_sampler=batch_sampler,
+            collate_fn=_engine_collate(collate_fn, batched), zero_copy=zero_copy,
             in_order=in_order, timeout=timeout, worker_init_fn=worker_init_fn,
             multiprocessing_context=multiprocessing_context, rank=rank, world_size=world_size,
             output=output, worker_seeding=worker_seeding, prefetch_factor=prefetch_factor,
             persistent_workers=persistent_workers, pin_memory=pin_memory,
             pin_memory_device=pin_memory_device, generator=generator,
             device_queue=device_queue, async_transfer=async_transfer)
+        try:
+            # PyTorch's constructor sets its attributes as PyTorch does (and
+            # refuses what PyTorch refuses, with its messages).
+            super().__init__(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers,
+                             collate_fn, pin_memory, drop_last, timeout, worker_init_fn,
+                             multiprocessing_context, generator, prefetch_factor=prefetch_factor,
+                             persistent_workers=persistent_workers,
+                             pin_memory_device=pin_memory_device, in_order=in_order)
+        except BaseException:
+            eng.close()
+            raise
+        if eng.iterable and self._dataset_kind != _DatasetKind.Iterable:
+            # An iterable-style dataset that is not a torch IterableDataset.
+            self._set_torch("_dataset_kind", _DatasetKind.Iterable)
+            self._set_torch("sampler", _InfiniteConstantSampler())
+            if batch_size is not None:
+                self._set_torch("batch_sampler", BatchSampler(self.sampler, batch_size, drop_last))
+        built_in = sampler is None and batch_sampler is None and not eng.iterable
+        if built_in:
+            # The built-in order, as a sampler that iterates in it.
+            if shuffle:
+                order = _ShuffledOrder(dataset, eng, generator)
+            elif eng.world_size > 1:
+                order = _RankOrder(dataset, eng)
+            else:
+                order = None  # PyTorch's SequentialSampler is that order
+            if order is not None:
+                self._set_torch("sampler", order)
+                if batch_size is not None:
+                    self._set_torch("batch_sampler", BatchSampler(order, batch_size, drop_last))
+        if prefetch is not None:
+            self._set_torch("prefetch_factor", None)  # prefetch decides
+        # This package's keywords, as attributes of their own name.
+        self.seed = None if drawn and generator is not None else eng.seed
+        self.transforms = transforms
+        self.use_shared_mem = use_shared_mem
+        self.zero_copy = zero_copy
+        self.prefetch = prefetch
+        self.rank = rank
+        self.world_size = world_size
+        self.output = output
+        self.worker_seeding = worker_seeding
+        object.__setattr__(self, "_built_in", built_in)
+        object.__setattr__(self, "_drawn_seed", eng.seed)
+        object.__setattr__(self, "_engine", eng)
+        object.__setattr__(self, "_stale", False)
+        object.__setattr__(self, "_iterated", False)
+        object.__setattr__(self, "_engine_ready", True)
+
+    def _set_torch(self, name, value):
+        # PyTorch refuses these after its __init__; its __init__ is ours here.
+        object.__setattr__(self, name, value)
+
+    def __setattr__(self, name, value):
+        super().__setattr__(name, value)  # PyTorch's rules (and its ValueError)
+        if name in _ENGINE_FED and self.__dict__.get("_engine_ready"):
+            object.__setattr__(self, "_stale", True)
+
+    # -- the engine ------------------------------------------------------------
+    def _engine_kwargs(self):
+        """The engine's arguments, from the face's attributes (as they are now)."""
+        kw = dict(num_workers=self.num_workers, transforms=self.transforms,
+                  use_shared_mem=self.use_shared_mem, zero_copy=self.zero_copy,
+                  in_order=self.in_order, timeout=self.timeout,
+                  worker_init_fn=self.worker_init_fn,
+                  multiprocessing_context=self.multiprocessing_context,
+                  rank=self.rank, world_size=self.world_size, output=self.output,
+                  worker_seeding=self.worker_seeding,
+                  persistent_workers=self.persistent_workers, pin_memory=self.pin_memory,
+                  pin_memory_device=self.pin_memory_device)
+        batched = self.batch_sampler is not None
+        kw["collate_fn"] = _engine_collate(self.collate_fn, batched)
+        kw["seed"] = self.seed if self.seed is not None else self._drawn_seed
+        if self.prefetch is not None:
+            kw["prefetch"] = self.prefetch
+        elif self.num_workers > 0 and self.prefetch_factor:
+            kw["prefetch_factor"] = self.prefetch_factor
+        if self._dataset_kind == _DatasetKind.Iterable:
+            kw.update(batch_size=self.batch_size, drop_last=self.drop_last)
+        elif self._built_in:
+            kw.update(batch_size=self.batch_size, drop_last=self.drop_last,
+                      shuffle=isinstance(self.sampler, RandomSampler))
+        elif self.batch_size is None and self.batch_sampler is not None:
+            kw.update(batch_sampler=self.batch_sampler, batch_size=1)
+        else:
+            kw.update(sampler=self.sampler, batch_size=self.batch_size,
+                      drop_last=self.drop_last, shuffle=False)
+        return kw
+
+    def _eng(self):
+        """The engine, rebuilt from the attributes when one was reassigned (or after unpickling)."""
+        eng = self.__dict__.get("_engine")
+        if eng is not None and not self.__dict__.get("_stale"):
+            return eng
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # its warnings were given at construction
+            new = _Engine(self.dataset, **self._engine_kwargs())
+        position = (tuple(getattr(eng, k) for k in _POSITION) if eng is not None
+                    else self.__dict__.get("_position"))
+        if position is not None:
+            for k, v in zip(_POSITION, position):
+                setattr(new, k, v)
+        if eng is not None:
+            eng.close()
+        object.__setattr__(self, "_engine", new)
+        object.__setattr__(self, "_stale", False)
+        for s in (self.sampler, getattr(self.batch_sampler, "sampler", None)):
+            if isinstance(s, EngineOrderSampler) and getattr(s, "_engine", None) in (eng, None):
+                s._link(new)
+                if position is not None:
+                    s._epoch = new._next_epoch
+        return new
+
+    # -- PyTorch's DataLoader API ---------------------------------------------------
+    def _get_iterator(self):
+        eng = self._eng()
+        if self.num_workers > 0:
+            self.check_worker_number_rationality()
+        it = iter(eng)
+        object.__setattr__(self, "_iterated", True)
+        if self._dataset_kind == _DatasetKind.Iterable and self._IterableDataset_len_called is not None:
+            return _LengthWarning(it, self)
+        return it
+
+    def __iter__(self):
+        return self._get_iterator()
+
+    def __len__(self):
+        if self._dataset_kind == _DatasetKind.Iterable:
+            # PyTorch keeps the dataset's length to warn when more comes.
+            self._IterableDataset_len_called = len(self.dataset)
+        return len(self._eng())
+
+    # -- the engine's API ---------------------------------------------------------
+    def state_dict(self):
+        """The loader's position (see :meth:`netcl_loader.DataLoader.state_dict`)."""
+        return self._eng().state_dict()
+
+    def load_state_dict(self, state):
+        """Continue from ``state`` (see :meth:`netcl_loader.DataLoader.load_state_dict`)."""
+        self._eng().load_state_dict(state)
+
+    def set_epoch(self, epoch):
+        """Set the epoch of the next iteration (see :meth:`netcl_loader.DataLoader.set_epoch`)."""
+        self._eng().set_epoch(epoch)
+
+    def bind_queue(self, queue, *, allocator=None):
+        """Upload batches to an OpenCL queue's device (see :meth:`netcl_loader.DataLoader.bind_queue`)."""
+        self._eng().bind_queue(queue, allocator=allocator)
+
+    def close(self):
+        """End the worker pool and free the ring (idempotent)."""
+        eng = self.__dict__.get("_engine")
+        if eng is not None:
+            eng.close()
+
+    @property
+    def stats(self):
+        """:class:`~netcl_loader.LoaderStats` of the engine."""
+        return self._eng().stats
+
+    @property
+    def worker_pids(self):
+        """Pids of the live worker processes."""
+        eng = self.__dict__.get("_engine")
+        return [] if eng is None else eng.worker_pids
+
+    @property
+    def shuffle(self):
+        """Whether the built-in order is shuffled (with a sampler: False)."""
+        return self._eng().shuffle
+
+    @property
+    def iterable(self):
+        return self._dataset_kind == _DatasetKind.Iterable
+
+    @property
+    def _pool(self):
+        eng = self.__dict__.get("_engine")
+        return None if eng is None else eng._pool
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        eng = self.__dict__.get("_engine")
+        return "netcl_loader.torch." + (repr(eng) if eng is not None else "DataLoader()")
+
+    # -- pickling --------------------------------------------------------------
+    def __getstate__(self):
+        eng = self.__dict__.get("_engine")
+        if (eng is not None and self.persistent_workers and self.num_workers > 0
+                and self._iterated and eng._pool is not None):
+            raise TypeError("a DataLoader with persistent_workers=True cannot be pickled once "
+                            "it has iterated: its live worker pool and shared memory are part "
+                            "of it (as with PyTorch's loader); pickle it before its first "
+                            "iteration, or call close() first")
+        state = self.__dict__.copy()
+        state["_engine"] = None
+        state["_stale"] = False
+        if eng is not None:
+            state["_position"] = tuple(getattr(eng, k) for k in _POSITION)
+        return state
+
+    def __setstate__(self, state):
+        # Not through __setattr__: PyTorch's rules are for callers.  The engine
+        # (and with it the pool, lazily) is rebuilt at first use.
+        self.__dict__.update(state)
+
+    # -- Accelerate -------------------------------------------------------------
+    @property
+    def _is_accelerate_prepared(self):
+        # Read by accelerate's prepare() alone, before it rebuilds the loader
+        # with torch.utils.data.DataLoader.
+        if self.__dict__.get("_accelerate_prepared"):
+            return True
+        if self.world_size is not None and self.world_size > 1:
+            raise ValueError(
+                f"this netcl_loader.torch.DataLoader is already sharded (rank={self.rank}, "
+                f"world_size={self.world_size}); accelerate's prepare() would shard it again. "
+                f"Use it as it is, without prepare()")
+        warnings.warn(
+            "accelerate's prepare() rebuilds netcl_loader.torch.DataLoader as "
+            "torch.utils.data.DataLoader (it knows no other loader class): batches then come "
+            "from PyTorch's loader over this loader's dataset, sampler and collate_fn, and "
+            "netcl_loader's engine (shared-memory ring, transforms, output, seeding) does not "
+            "run. To keep the engine, do not pass the loader to prepare(): give it "
+            "rank=accelerator.process_index, world_size=accelerator.num_processes and a seed "
+            "(or rank, world_size = netcl_loader.distributed.from_env()).",
+            UserWarning, stacklevel=4)
+        return False
+
+    @_is_accelerate_prepared.setter
+    def _is_accelerate_prepared(self, value):
+        object.__setattr__(self, "_accelerate_prepared", bool(value))
+
+
+def _engine_collate(collate_fn, batched):
+    """The engine's ``collate_fn``: None (its compiled collate, which equals
+    PyTorch's) for PyTorch's default of the mode."""
+    if collate_fn is (default_collate if batched else default_convert):
+        return None
+    return collate_fn
+
+
+class _LengthWarning:
+    """An iteration of an iterable-style dataset whose length was asked: PyTorch's
+    warning once more batches come than ``len(dataset)`` said."""
+
+    def __init__(self, it, loader):
+        self._it = it
+        self._len = loader._IterableDataset_len_called
+        self._dataset = loader.dataset
+        self._workers = loader.num_workers
+        self._yielded = 0
+
+    def __iter__(self):
+        return self
+
+    def __len__(self):
+        return len(self._it)
+
+    def __next__(self):
+        batch = next(self._it)
+        self._yielded += 1
+        if self._yielded > self._len:
+            msg = (f"Length of IterableDataset {self._dataset} was reported to be {self._len}"
+                   f"(when accessing len(dataloader)), but {self._yielded} samples have been "
+                   f"fetched. ")
+            if self._workers > 0:
+                msg += ("For multiprocessing data-loading, this could be caused by not properly "
+                        "configuring the IterableDataset replica at each worker. Please see "
+                        "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset "
+                        "for examples.")
+            warnings.warn(msg, stacklevel=2)
+        return batch
+
+    def __getattr__(self, name):
+        return getattr(self._it, name)

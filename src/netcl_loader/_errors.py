@@ -1,0 +1,25 @@
+"""Exceptions the loader raises on both faces."""
+from __future__ import annotations
+
+__all__ = ["LoaderTimeout"]
+
+
+class LoaderTimeout(TimeoutError, RuntimeError):
+    """No batch within ``timeout`` seconds.
+
+    A ``TimeoutError`` (what this package documents) and a ``RuntimeError``
+    (what PyTorch's loader raises, so ``except RuntimeError`` written for
+    PyTorch catches it too).  The message starts as PyTorch's does,
+    ``DataLoader timed out after N seconds``, then says what was waited for.
+    """
+
+    def __init__(self, timeout, what=""):
+        self.timeout = timeout
+        self.what = what
+        text = f"DataLoader timed out after {timeout} seconds (timeout={timeout})"
+        super().__init__(f"{text}: {what}" if what else text)
+
+    def __reduce__(self):
+        # Rebuilt from its arguments (the default would pass the message as
+        # `timeout`), so it crosses a pipe or a pickle unchanged.
+        return type(self), (self.timeout, self.what)
