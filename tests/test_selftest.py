@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 from netcl_loader import selftest
@@ -68,7 +69,9 @@ def test_quick_passes_on_this_machine(tmp_path):
     assert summary is not None, out.stdout
     assert summary.group(2) == "0" and summary.group(5) == "OK"
     # The figures the issue asks for.
-    assert re.search(r"GB/s \(\d+\.\d+x\) of memcpy \d+\.\d GB/s", checks["throughput"][1])
+    assert re.search(r"copy \d+\.\d GB/s \(\d+\.\d+x one thread, \d+\.\d+ of 2 processes\); "
+                     r"memcpy limit: one thread \d+\.\d GB/s, 2 processes \d+\.\d GB/s",
+                     checks["throughput"][1])
     assert "available" in checks["shared-memory"][1]
     assert "WorkerError in" in checks["errors"][1]
 
@@ -93,6 +96,14 @@ def test_json_is_one_object_with_every_check(tmp_path):
     assert f["best_ratio"] == pytest.approx(max(f["loader_gbs"].values()) / f["memcpy_gbs"])
     assert f["cpus"]["usable"] >= 1 and f["workers"] == 2
     assert f["verdict"] == ("slow" if tp["status"] == "WARN" else "ok")
+    # Judged against the two-process limit, measured by processes that copied the right rows.
+    assert f["two_process_gbs"] > 0 and f["two_process_verified"] is True
+    assert f["best_fraction"] == pytest.approx(max(f["loader_gbs"].values())
+                                               / f["two_process_gbs"])
+    assert f["memcpy_gbs"] == pytest.approx(max(f["memcpy_python_rows_gbs"],
+                                                f["memcpy_c_rows_gbs"]))
+    withheld = f["cpus"]["usable"] < min(2, f["cpus"]["machine"])
+    assert (f["verdict"] == "slow") == (f["best_fraction"] < f["warn_below_fraction"] or withheld)
     if tp["status"] == "PASS":
         assert f["causes"] == []
 
@@ -255,3 +266,92 @@ def test_throughput_causes_are_told_from_the_figures(case):
             "shm": ("shared memory is slow: 1.0 GB/s", "use_shared_mem=False")}[case]
     for w in want:
         assert w in text, text
+
+
+# -- the memcpy limits: what they copy, not how fast ------------------------------------
+
+
+def _tiny_dataset(n=37):
+    x = np.arange(n * 3 * 5, dtype=np.float32).reshape(n, 3, 5)
+    y = np.arange(n, dtype=np.int64) * 10
+    return x, y
+
+
+def test_memcpy_epoch_limit_copies_every_row_of_shuffled_epochs_with_both_copies():
+    x, y = _tiny_dataset()
+    seen = []
+    runs, batch = 2, 8
+
+    def visit(method, idx, views):
+        seen.append((method, idx.copy(), [v.copy() for v in views]))
+
+    lim = selftest.memcpy_epoch_limit((x, y), batch, seed=3, runs=runs, visit=visit)
+    per_epoch = -(-len(x) // batch)
+    assert len(seen) == 2 * (runs + 1) * per_epoch   # warm-up + runs, Python and C
+    groups = [seen[k:k + per_epoch] for k in range(0, len(seen), per_epoch)]
+    orders = []
+    for group in groups:
+        assert len({m for m, _, _ in group}) == 1
+        order = np.concatenate([idx for _, idx, _ in group])
+        assert sorted(order.tolist()) == list(range(len(x)))   # each sample once
+        for _, idx, (bx, by) in group:
+            assert np.array_equal(bx, x[idx]) and np.array_equal(by, y[idx])
+        orders.append((group[0][0], order))
+    # Each epoch: the Python copy and the C loop over the same rows, a new shuffle each time.
+    for k in range(0, len(orders), 2):
+        (m1, o1), (m2, o2) = orders[k], orders[k + 1]
+        assert {m1, m2} == {"python", "c"} and np.array_equal(o1, o2)
+    assert not np.array_equal(orders[0][1], orders[2][1])
+    assert not np.array_equal(orders[0][1], np.arange(len(x)))
+    # Both figures reported; the limit is the faster of the two.
+    assert lim.c_gbps is not None and lim.c_gbps > 0 and lim.rows_gbps > 0
+    assert lim.gbps == max(lim.rows_gbps, lim.c_gbps) and lim.runs == runs
+    assert lim.batches_per_s == pytest.approx(lim.gbps * 1e9 / (x.nbytes + y.nbytes)
+                                              * per_epoch)
+    assert lim.consistent == (lim.rows_gbps <= (1 + selftest.MEMCPY_AGREE) * lim.c_gbps)
+
+
+def test_memcpy_epoch_limit_without_the_c_loop_copies_in_python_only():
+    x, y = _tiny_dataset()
+    strided = x[:, :, ::2]   # not C-contiguous: one memcpy per row cannot copy it
+    methods = set()
+    lim = selftest.memcpy_epoch_limit((strided, y), 8, runs=1,
+                                      visit=lambda m, idx, views: methods.add(m))
+    assert methods == {"python"}
+    assert lim.c_gbps is None and lim.python_us_per_row is None
+    assert lim.gbps == lim.rows_gbps > 0 and lim.consistent
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"arrays": ()}, "arrays is empty"),
+    ({"arrays": (np.zeros((4, 2)), np.zeros(3))}, "lengths [4, 3]"),
+    ({"batch_size": 0}, "batch_size=0"),
+    ({"runs": 0}, "runs=0"),
+])
+def test_memcpy_limits_name_a_bad_argument(kwargs, message):
+    args = {"arrays": _tiny_dataset(), "batch_size": 8, "runs": 1, **kwargs}
+    for fn in (selftest.memcpy_epoch_limit, selftest.memcpy_two_process_limit):
+        with pytest.raises(ValueError) as err:
+            fn(**args)
+        assert message in str(err.value)
+    with pytest.raises(ValueError, match="processes=0"):
+        selftest.memcpy_two_process_limit(_tiny_dataset(), 8, processes=0)
+    with pytest.raises(ValueError, match="method='memmove'"):
+        selftest.memcpy_two_process_limit(_tiny_dataset(), 8, method="memmove")
+
+
+@pytest.mark.parametrize("method", ["c", "python"])
+def test_two_process_limit_splits_the_epoch_between_two_forked_processes(method):
+    import multiprocessing
+    import os
+
+    x, y = _tiny_dataset(41)
+    lim = selftest.memcpy_two_process_limit((x, y), 4, seed=1, runs=2, method=method)
+    assert lim.processes == 2 and lim.method == method and lim.runs == 2
+    assert len(set(lim.pids)) == 2 and os.getpid() not in lim.pids
+    # Disjoint shares of the epoch: batches dealt in turn, every row copied once.
+    assert sum(lim.rows) == len(x) and abs(lim.rows[0] - lim.rows[1]) <= 4
+    assert lim.verified is True   # each process's buffers held exactly its rows
+    assert lim.gbps > 0 and lim.batches_per_s > 0
+    assert not [p for p in multiprocessing.active_children()
+                if p.name.startswith("memcpy-limit")]
