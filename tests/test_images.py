@@ -1,0 +1,565 @@
+"""netcl_loader.images: torchvision's folder rules, loader semantics, crops and bad files.
+
+Test images are JPEGs made from scikit-learn's sample photos (tests/images_util.py).
+"""
+import io
+import json
+import math
+import multiprocessing
+import os
+import random
+import subprocess
+import sys
+import tarfile
+
+import numpy as np
+import pytest
+
+pytest.importorskip("PIL", reason="netcl_loader.images needs Pillow (the 'images' extra)")
+pytest.importorskip("sklearn", reason="test images are made from scikit-learn's sample photos")
+
+from PIL import Image  # noqa: E402
+
+from images_util import encode_jpeg, make_jpegs, photo_region  # noqa: E402
+from netcl_loader import DataLoader, Subset  # noqa: E402
+from netcl_loader import images as nimages  # noqa: E402
+from netcl_loader.images import (DECODER_ENV, IMG_EXTENSIONS, CenterCrop,  # noqa: E402
+                                 ImageFileError, ImageFiles, ImageFolder, RandomResizedCrop,
+                                 TarImages)
+
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+#: The agreement asked of our pipeline with Pillow + torchvision's recipe, in
+#: levels of 255: mean absolute difference, and a bound on the largest one.
+MEAN_ABS_LEVELS = 2.0
+MAX_LEVELS = 40
+
+try:
+    from netcl_loader import _jpeg  # noqa: F401
+    HAVE_JPEG = True
+except ImportError:
+    HAVE_JPEG = False
+
+pytestmark = pytest.mark.filterwarnings("ignore:netcl_loader._jpeg is not built")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """3 classes x 8 JPEGs of jittered ImageNet-like sizes (some grey, some progressive)."""
+    root = tmp_path_factory.mktemp("folder")
+    for c, name in enumerate(["cat", "dog", "emu"]):
+        make_jpegs(root / name, 8, size=(200, 150), seed=c, jitter=0.3,
+                   mode=("RGB", "RGB", "L") if c == 2 else "RGB", progressive="mixed")
+    return root
+
+
+def batches(loader):
+    return [(np.array(x), np.array(y)) for x, y in loader]
+
+
+def assert_same(a, b):
+    assert len(a) == len(b)
+    for (xa, ya), (xb, yb) in zip(a, b):
+        np.testing.assert_array_equal(ya, yb)
+        np.testing.assert_array_equal(xa, xb)
+
+
+# --------------------------------------------------------------------------
+# torchvision's folder rules
+
+
+def torchvision_rule(root, extensions=IMG_EXTENSIONS):
+    """torchvision's find_classes + make_dataset, written out: classes are the sorted
+    subfolders of root; per class in that order, os.walk(followlinks=True) sorted
+    by directory, files sorted by name, kept when the lower-cased name ends with
+    an extension; samples are (path, class index)."""
+    classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+    class_to_idx = {c: i for i, c in enumerate(classes)}
+    samples = []
+    for c in classes:
+        for dirpath, _, fnames in sorted(os.walk(os.path.join(root, c), followlinks=True)):
+            for fname in sorted(fnames):
+                if fname.lower().endswith(tuple(extensions)):
+                    samples.append((os.path.join(dirpath, fname), class_to_idx[c]))
+    return classes, class_to_idx, samples
+
+
+def test_classes_and_targets_follow_torchvision(tmp_path):
+    data = encode_jpeg(photo_region(np.random.default_rng(0), (40, 30)))
+    files = ["b/x.jpg", "b/A.JPG", "b/sub/z.jpeg", "b/sub/a/q.png", "b/notes.txt", "a/1.webp",
+             "a/0.jpg", "Zeta/y.jpg", "Zeta/.hidden.jpg", "a b/k.bmp", "stray.jpg"]
+    for f in files:
+        p = tmp_path / f
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    (tmp_path / "b" / "dir.jpg").mkdir()  # a folder named like an image is not a file
+    ds = ImageFolder(tmp_path, crop=CenterCrop(16))
+    classes, class_to_idx, samples = torchvision_rule(str(tmp_path))
+    assert ds.classes == classes == ["Zeta", "a", "a b", "b"]
+    assert ds.class_to_idx == class_to_idx
+    assert ds.targets.dtype == np.int64
+    assert ds.targets.tolist() == [t for _, t in samples]
+    assert [ds.path(i) for i in range(len(ds))] == [p for p, _ in samples]
+    assert list(ds.samples) == samples
+    # extensions: a str or a sequence, compared with the lower-cased name.
+    exts = (".jpg", ".webp", ".bmp")
+    only = ImageFolder(tmp_path, crop=CenterCrop(16), extensions=exts)
+    assert [only.path(i) for i in range(len(only))] == [
+        p for p, _ in torchvision_rule(str(tmp_path), exts)[2]]
+    # A class left without a valid file: torchvision's error.
+    with pytest.raises(FileNotFoundError, match="no valid file for the classes a b"):
+        ImageFolder(tmp_path, crop=CenterCrop(16), extensions=".jpg")
+
+
+def test_the_index_holds_no_python_object_per_sample(folder):
+    ds = ImageFolder(folder)
+    held = [v for v in vars(ds).values() if isinstance(v, (list, tuple, dict))]
+    assert len(ds) > len(IMG_EXTENSIONS) and all(len(v) < len(ds) for v in held)
+    assert isinstance(ds._names.blob, np.ndarray) and ds._names.offsets.dtype == np.int64
+
+
+def test_missing_root_and_empty_folders_raise_naming_them(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist") as e:
+        ImageFolder(tmp_path / "nowhere")
+    assert str(tmp_path / "nowhere") in str(e.value)
+    with pytest.raises(FileNotFoundError, match="Couldn't find any class folder") as e:
+        ImageFolder(tmp_path)
+    assert str(tmp_path) in str(e.value)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    make_jpegs(tmp_path / "a", 1)
+    (tmp_path / "b" / "readme.txt").write_text("no images here")
+    with pytest.raises(FileNotFoundError, match="Found no valid file for the classes b") as e:
+        ImageFolder(tmp_path)
+    assert ".jpg" in str(e.value)
+
+
+@pytest.mark.parametrize("kw,name", [
+    (dict(on_error="ignore"), "on_error"), (dict(output="float16"), "output"),
+    (dict(flip=1.5), "flip"), (dict(flip="yes"), "flip"), (dict(mean=(0.5, 0.5)), "mean"),
+    (dict(std=(0.2, 0.0, 0.2)), "std"), (dict(mean=None), "mean"),
+    (dict(crop=224), "crop"), (dict(crop=None), "crop"),
+])
+def test_bad_arguments_name_argument_and_value(folder, kw, name):
+    with pytest.raises(ValueError, match=name) as e:
+        ImageFolder(folder, **kw)
+    assert repr(next(iter(kw.values()))) in str(e.value)
+
+
+@pytest.mark.parametrize("make,name", [
+    (lambda: RandomResizedCrop(0), "size"), (lambda: RandomResizedCrop((3, -1)), "size"),
+    (lambda: RandomResizedCrop(8, scale=(0.5, 0.1)), "scale"),
+    (lambda: RandomResizedCrop(8, ratio=(0, 1)), "ratio"),
+    (lambda: CenterCrop(224, resize=200), "resize"), (lambda: CenterCrop("big"), "size"),
+])
+def test_bad_crop_arguments(make, name):
+    with pytest.raises(ValueError, match=name):
+        make()
+
+
+def test_import_stays_light():
+    code = ("import sys, netcl_loader, netcl_loader.images; "
+            "assert 'PIL' not in sys.modules, 'Pillow imported eagerly'; "
+            "assert 'netcl_loader.images' not in sys.modules or True")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    code = "import sys, netcl_loader; assert 'netcl_loader.images' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --------------------------------------------------------------------------
+# Loader semantics
+
+
+def test_same_batches_for_every_num_workers_and_delivery(folder):
+    ds = ImageFolder(folder, crop=RandomResizedCrop(48))
+    runs = {}
+    for nw in (0, 2):
+        for zc in (False, True):
+            with DataLoader(ds, batch_size=5, shuffle=True, num_workers=nw, seed=11,
+                            zero_copy=zc) as dl:
+                runs[nw, zc] = batches(dl) + batches(dl)  # two epochs
+    ref = runs[0, False]
+    assert ref[0][0].shape == (5, 3, 48, 48) and ref[0][0].dtype == np.float32
+    assert ref[0][1].dtype == np.int64
+    for key, got in runs.items():
+        assert_same(got, ref)
+    # Random, not constant: epochs differ, and so do two seeds.
+    assert not np.array_equal(ref[0][0], ref[len(ref) // 2][0])
+    with DataLoader(ds, batch_size=5, shuffle=True, seed=12) as dl:
+        assert not np.array_equal(batches(dl)[0][0], ref[0][0])
+
+
+def test_same_batches_on_the_torch_face(folder):
+    torch = pytest.importorskip("torch")
+    from netcl_loader.torch import DataLoader as TorchLoader
+    ds = ImageFolder(folder, crop=RandomResizedCrop(40), output="uint8")
+    with DataLoader(ds, batch_size=6, shuffle=True, seed=3) as dl:
+        ref = batches(dl)
+    for nw in (0, 2):
+        dl = TorchLoader(ds, batch_size=6, shuffle=True, num_workers=nw, seed=3,
+                         persistent_workers=nw > 0)
+        got = list(dl)
+        assert isinstance(got[0][0], torch.Tensor) and got[0][0].dtype == torch.uint8
+        assert got[0][1].dtype == torch.int64
+        assert_same([(x.numpy(), y.numpy()) for x, y in got], ref)
+
+
+def test_collate_fn_path_and_getitem_match_the_batch_rows(folder):
+    ds = ImageFolder(folder, crop=RandomResizedCrop(32))
+    with DataLoader(ds, batch_size=4, shuffle=True, seed=7) as dl:
+        ref = batches(dl)
+
+    def stack(samples):
+        return (np.stack([s[0] for s in samples]), np.array([s[1] for s in samples]))
+    with DataLoader(ds, batch_size=4, shuffle=True, seed=7, num_workers=2,
+                    collate_fn=stack) as dl:
+        assert_same(batches(dl), ref)
+    # Outside a loader: NumPy's global RNG, ds[i] is row 0 of the batch [i].
+    np.random.seed(5)
+    x, y = ds[3]
+    np.random.seed(5)
+    xb, yb = ds.gather_batch([3], np.empty)
+    np.testing.assert_array_equal(x, xb[0])
+    assert y == yb[0] == ds.targets[3] and isinstance(y, int)
+    # A Subset keeps the fast path and the batch's seed.
+    sub = Subset(ds, list(range(0, len(ds), 2)))
+    with DataLoader(sub, batch_size=4, seed=7, num_workers=2) as dl:
+        a = batches(dl)
+    with DataLoader(sub, batch_size=4, seed=7) as dl:
+        assert_same(batches(dl), a)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_exact_resume_mid_epoch(folder, num_workers):
+    ds = ImageFolder(folder, crop=RandomResizedCrop(32), output="uint8")
+    kw = dict(batch_size=4, shuffle=True, seed=21, num_workers=num_workers)
+    with DataLoader(ds, **kw) as dl:
+        dl.set_epoch(1)
+        full = batches(dl)
+    with DataLoader(ds, **kw) as dl:
+        dl.set_epoch(1)
+        it = iter(dl)
+        head = [tuple(np.array(v) for v in next(it)) for _ in range(2)]
+        state = json.dumps(dl.state_dict())
+    assert_same(head, full[:2])
+    with DataLoader(ds, **kw) as dl:
+        dl.load_state_dict(json.loads(state))
+        assert_same(batches(dl), full[2:])
+
+
+def write_shards(ds, folder_root, out, per_shard):
+    """WebDataset shards of ``ds``'s files in its order: KEY.jpg + KEY.cls."""
+    paths = []
+    for s in range(0, len(ds), per_shard):
+        path = out / f"shard-{s // per_shard:03d}.tar"
+        with tarfile.open(path, "w") as tf:
+            for i in range(s, min(s + per_shard, len(ds))):
+                data = open(ds.path(i), "rb").read()
+                ext = os.path.splitext(ds.path(i))[1].lower().lstrip(".")
+                for name, payload in ((f"sample{i:06d}.{ext}", data),
+                                      (f"sample{i:06d}.cls", str(int(ds.targets[i])).encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(payload)
+                    tf.addfile(info, io.BytesIO(payload))
+        paths.append(path)
+    return paths
+
+
+def test_tar_shards_give_what_the_folder_gives(folder, tmp_path):
+    ds = ImageFolder(folder, crop=RandomResizedCrop(36))
+    shards = write_shards(ds, folder, tmp_path, per_shard=7)
+    tar = TarImages(shards, crop=RandomResizedCrop(36))
+    assert len(tar) == len(ds)
+    np.testing.assert_array_equal(tar.targets, ds.targets)
+    for s in shards:
+        assert os.path.exists(f"{s}.idx.npz")   # cached beside the shard
+    for nw in (0, 2):
+        with DataLoader(ds, batch_size=5, shuffle=True, seed=4, num_workers=nw) as a, \
+                DataLoader(tar, batch_size=5, shuffle=True, seed=4, num_workers=nw) as b:
+            assert_same(batches(b), batches(a))
+    # The cached index is used, and rebuilt when the shard changes.
+    again = TarImages(shards, crop=RandomResizedCrop(36))
+    np.testing.assert_array_equal(again._offset, tar._offset)
+    with tarfile.open(shards[0], "a") as tf:
+        payload = open(ds.path(0), "rb").read()
+        for name, data in (("extra.jpg", payload), ("extra.cls", b"2")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    grown = TarImages(shards, crop=RandomResizedCrop(36))
+    assert len(grown) == len(ds) + 1 and grown.targets[7] == 2
+    assert "extra.jpg" in grown._name(7)
+
+
+def test_tar_shards_need_labels_and_no_compression(tmp_path):
+    data = encode_jpeg(photo_region(np.random.default_rng(0), (40, 30)))
+    bad = tmp_path / "nolabel.tar"
+    with tarfile.open(bad, "w") as tf:
+        info = tarfile.TarInfo("k1.jpg")
+        info.size = len(data)
+        tf.addfile(info, io.BytesIO(data))
+    with pytest.raises(ValueError, match="k1.*label"):
+        TarImages(bad)
+    gz = tmp_path / "packed.tar.gz"
+    with tarfile.open(gz, "w:gz") as tf:
+        info = tarfile.TarInfo("k1.jpg")
+        info.size = len(data)
+        tf.addfile(info, io.BytesIO(data))
+    with pytest.raises(ValueError, match="uncompressed"):
+        TarImages(gz)
+
+
+# --------------------------------------------------------------------------
+# Crops against torchvision's recipe on Pillow
+
+
+def torchvision_v1_eval(path, resize, crop):
+    """torchvision v1 on PIL: Resize(resize) (shorter side; bilinear, antialiased by
+    Pillow), CenterCrop(crop): uint8 CHW."""
+    img = Image.open(path).convert("RGB")
+    w, h = img.size
+    short, long = (w, h) if w <= h else (h, w)
+    new_short, new_long = resize, int(resize * long / short)
+    new_w, new_h = (new_short, new_long) if w <= h else (new_long, new_short)
+    img = img.resize((new_w, new_h), Image.BILINEAR)
+    top = int(round((new_h - crop) / 2.0))
+    left = int(round((new_w - crop) / 2.0))
+    img = img.crop((left, top, left + crop, top + crop))
+    return np.asarray(img).transpose(2, 0, 1)
+
+
+def levels(a, b):
+    d = np.abs(a.astype(np.float64) - b.astype(np.float64))
+    return d.mean(), d.max()
+
+
+@pytest.mark.parametrize("force_pillow", [False, True])
+def test_center_crop_matches_torchvision_recipe(folder, monkeypatch, force_pillow):
+    if force_pillow:
+        monkeypatch.setenv(DECODER_ENV, "pillow")
+    ds = ImageFolder(folder, crop=CenterCrop(64, resize=73), flip=0, output="uint8")
+    assert ds._compiled == (HAVE_JPEG and not force_pillow)
+    fl = ImageFolder(folder, crop=CenterCrop(64, resize=73), flip=0)
+    images, _ = ds.gather_batch(np.arange(len(ds)), np.empty)
+    floats, _ = fl.gather_batch(np.arange(len(ds)), np.empty)
+    for i in range(len(ds)):
+        ref = torchvision_v1_eval(ds.path(i), 73, 64)
+        mean_abs, worst = levels(images[i], ref)
+        assert mean_abs <= MEAN_ABS_LEVELS and worst <= MAX_LEVELS, (ds.path(i), mean_abs, worst)
+        # float32: torchvision's ToTensor + Normalize of the same pixels.
+        want = (ref / 255.0 - np.array(MEAN)[:, None, None]) / np.array(STD)[:, None, None]
+        got = floats[i].astype(np.float64)
+        err = np.abs(got - want) * np.array(STD)[:, None, None] * 255
+        assert err.mean() <= MEAN_ABS_LEVELS, (ds.path(i), err.mean())
+
+
+def test_whole_image_crop_and_flip_match_pillow(folder):
+    """A RandomResizedCrop whose only possible box is the whole image, flipped."""
+    ds = ImageFolder(folder, crop=RandomResizedCrop(50, scale=(1, 1), ratio=(0.1, 10)),
+                     flip=1.0, output="uint8")
+    images, _ = ds.gather_batch(np.arange(len(ds)), np.empty)
+    for i in range(len(ds)):
+        img = Image.open(ds.path(i)).convert("RGB").resize((50, 50), Image.BILINEAR)
+        ref = np.asarray(img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)).transpose(2, 0, 1)
+        mean_abs, worst = levels(images[i], ref)
+        assert mean_abs <= MEAN_ABS_LEVELS and worst <= MAX_LEVELS, (i, mean_abs, worst)
+
+
+def test_pillow_path_agrees_with_the_compiled_path(folder, monkeypatch):
+    if not HAVE_JPEG:
+        pytest.skip("netcl_loader._jpeg is not built (libjpeg-turbo headers missing)")
+    crop = RandomResizedCrop(56)
+    fast = ImageFolder(folder, crop=crop, output="uint8")
+    monkeypatch.setenv(DECODER_ENV, "pillow")
+    slow = ImageFolder(folder, crop=crop, output="uint8")
+    assert fast._compiled and not slow._compiled
+    with DataLoader(fast, batch_size=8, shuffle=True, seed=9) as a, \
+            DataLoader(slow, batch_size=8, shuffle=True, seed=9, num_workers=2) as b:
+        for (xa, ya), (xb, yb) in zip(batches(a), batches(b)):
+            np.testing.assert_array_equal(ya, yb)
+            mean_abs, worst = levels(xa, xb)
+            assert mean_abs <= MEAN_ABS_LEVELS and worst <= MAX_LEVELS, (mean_abs, worst)
+
+
+def test_bad_decoder_choice_names_the_variable(folder, monkeypatch):
+    monkeypatch.setenv(DECODER_ENV, "magic")
+    with pytest.raises(ValueError, match=DECODER_ENV):
+        ImageFolder(folder)
+
+
+def torchvision_get_params(height, width, scale, ratio, rnd):
+    """torchvision's RandomResizedCrop.get_params, written out with Python's random."""
+    area = height * width
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target_area = area * rnd.uniform(scale[0], scale[1])
+        aspect_ratio = math.exp(rnd.uniform(*log_ratio))
+        w = int(round(math.sqrt(target_area * aspect_ratio)))
+        h = int(round(math.sqrt(target_area / aspect_ratio)))
+        if 0 < w <= width and 0 < h <= height:
+            return rnd.randint(0, height - h), rnd.randint(0, width - w), h, w
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        h, w = height, int(round(height * max(ratio)))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def test_random_resized_crop_boxes_follow_get_params():
+    crop = RandomResizedCrop(224)
+    rng = np.random.default_rng(0)
+    rnd = random.Random(0)
+    n, height, width = 20000, 310, 410
+    ours = np.array([crop.get_params(height, width, rng) for _ in range(n)])
+    ref = np.array([torchvision_get_params(height, width, crop.scale, crop.ratio, rnd)
+                    for _ in range(n)])
+    top, left, h, w = ours.T
+    assert (top >= 0).all() and (left >= 0).all()
+    assert (top + h <= height).all() and (left + w <= width).all()
+    area = h * w / (height * width)
+    # Rounding the sides to whole pixels moves area and ratio a little past their ranges.
+    assert area.min() >= 0.08 * 0.9 and area.max() <= 1.0
+    assert (w / h).min() >= 0.75 * 0.95 and (w / h).max() <= 4 / 3 * 1.05
+    # Same distribution as torchvision's: quantiles of area, ratio and the box's centre.
+    r_top, r_left, r_h, r_w = ref.T
+    for a, b in ((area, r_h * r_w / (height * width)), (np.log(w / h), np.log(r_w / r_h)),
+                 ((top + h / 2) / height, (r_top + r_h / 2) / height),
+                 ((left + w / 2) / width, (r_left + r_w / 2) / width)):
+        qa, qb = np.quantile(a, [0.1, 0.25, 0.5, 0.75, 0.9]), np.quantile(b, [0.1, 0.25, 0.5, 0.75, 0.9])
+        np.testing.assert_allclose(qa, qb, atol=0.03)
+    # The fallback, as often as torchvision's: on a 310 x 410 image a box fails
+    # a try when it is too tall or too wide.
+    fell = np.mean([tuple(b) == (0, 0, height, width) for b in ours])
+    fell_ref = np.mean([tuple(b) == (0, 0, height, width) for b in ref])
+    assert abs(fell - fell_ref) < 0.01
+
+
+def test_random_resized_crop_falls_back_to_the_centre_crop_of_the_allowed_ratio():
+    crop = RandomResizedCrop(8)
+    rng = np.random.default_rng(1)
+    # 10 x 1000: no box of ratio <= 4/3 and area >= 8% fits; the centre crop
+    # of the widest allowed ratio is taken.
+    for _ in range(100):
+        assert crop.get_params(10, 1000, rng) == (0, (1000 - 13) // 2, 10, 13)
+        assert crop.get_params(1000, 10, rng) == ((1000 - 13) // 2, 0, 13, 10)
+    # An area above the image's: the whole image when its ratio is allowed.
+    big = RandomResizedCrop(8, scale=(2, 3))
+    assert big.get_params(300, 300, rng) == (0, 0, 300, 300)
+    assert torchvision_get_params(300, 300, (2, 3), big.ratio, random.Random(0)) == (0, 0, 300, 300)
+
+
+# --------------------------------------------------------------------------
+# Bad files
+
+
+@pytest.fixture()
+def bad_folder(tmp_path):
+    """One class of 8 files: 0,2,4,6 good JPEGs; 1 empty; 3 truncated JPEG;
+    5 a PNG named .jpg (an image); 7 random bytes."""
+    root = tmp_path / "bad"
+    make_jpegs(root / "c", 8, size=(120, 90), seed=3)
+    files = sorted(os.listdir(root / "c"))
+    paths = [str(root / "c" / f) for f in files]
+    open(paths[1], "wb").close()
+    data = open(paths[3], "rb").read()
+    open(paths[3], "wb").write(data[:len(data) // 2])
+    buf = io.BytesIO()
+    Image.fromarray(photo_region(np.random.default_rng(5), (100, 80))).save(buf, "PNG")
+    open(paths[5], "wb").write(buf.getvalue())
+    open(paths[7], "wb").write(np.random.default_rng(0).integers(0, 256, 5000, np.uint8).tobytes())
+    return root, paths
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("bad,what,exc", [
+    (1, "empty", ImageFileError), (3, "truncated|corrupt|premature", ImageFileError),
+    (7, "not an image", ImageFileError), ("missing", "No such file", FileNotFoundError),
+])
+def test_on_error_raise_names_the_file_and_what_is_wrong(bad_folder, num_workers, bad, what,
+                                                         exc):
+    root, paths = bad_folder
+    ds = ImageFolder(root, crop=CenterCrop(32))
+    if bad == "missing":
+        os.unlink(paths[2])
+        bad = 2
+    with DataLoader(ds, batch_size=1, sampler=[bad], num_workers=num_workers) as dl:
+        with pytest.raises(exc, match=what) as e:
+            next(iter(dl))
+        assert paths[bad] in str(e.value)
+        # The loader stays usable.
+        with DataLoader(ds, batch_size=1, sampler=[0], num_workers=num_workers) as ok:
+            assert next(iter(ok))[0].shape == (1, 3, 32, 32)
+
+
+def test_a_png_named_jpg_is_an_image(bad_folder):
+    root, paths = bad_folder
+    ds = ImageFolder(root, crop=CenterCrop(32), flip=0, output="uint8")
+    x, _ = ds[5]
+    assert Image.open(paths[5]).format == "PNG"
+    ref = torchvision_v1_eval(paths[5], 36, 32)
+    mean_abs, worst = levels(x, ref)
+    assert mean_abs <= MEAN_ABS_LEVELS and worst <= MAX_LEVELS
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_on_error_skip_replaces_by_the_next_good_file_and_counts(bad_folder, num_workers):
+    root, paths = bad_folder
+    crop = CenterCrop(32)
+    ds = ImageFolder(root, crop=crop, flip=0, output="uint8", on_error="skip")
+    good = ImageFolder(root, crop=crop, flip=0, output="uint8")
+    with DataLoader(ds, batch_size=4, shuffle=False, num_workers=num_workers) as dl:
+        got = batches(dl)
+        assert dl.stats.skipped == 3   # files 1, 3 and 7
+    x = np.concatenate([b[0] for b in got])
+    # 1 -> 2, 3 -> 4, 7 -> 0 (wrapping around); 5 (a PNG) is an image.
+    for i, k in enumerate([0, 2, 2, 4, 4, 5, 6, 0]):
+        np.testing.assert_array_equal(x[i], good[k][0])
+    # Every file bad: an error, not a hang.
+    for p in paths:
+        open(p, "wb").close()
+    with DataLoader(ImageFolder(root, on_error="skip"), batch_size=2,
+                    num_workers=num_workers) as dl:
+        with pytest.raises(ImageFileError, match="none of its 8 files"):
+            next(iter(dl))
+
+
+# --------------------------------------------------------------------------
+# Memory in forked workers
+
+
+def _private_dirty_bytes(pid):
+    """Bytes of memory written by ``pid`` alone (its copies-on-write included)."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        fields = dict(line.split(":", 1) for line in f if ":" in line)
+    return sum(int(fields[k].split()[0]) * 1024 for k in ("Private_Dirty",) if k in fields)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="Linux /proc only")
+def test_a_million_names_stay_shared_in_forked_workers(tmp_path):
+    files = make_jpegs(tmp_path, 4, size=(48, 40), seed=1)
+    n = 1_000_000
+    # Long names, as real trees have them, each pointing at one of 4 real files
+    # through a chain of ./ components.
+    names = [os.path.join(os.path.dirname(files[i % 4]), "./" * (8 + i % 5),
+                          os.path.basename(files[i % 4])) for i in range(n)]
+    ds = ImageFiles(names, np.arange(n) % 10, crop=CenterCrop(16, resize=16), flip=0)
+    del names
+    index_bytes = ds._names.nbytes + ds.targets.nbytes
+    assert index_bytes > 20 * 2**20
+    # Every 250th sample: 4,000 reads spread over the whole index (its every page).
+    sub = Subset(ds, np.arange(0, n, 250))
+    with DataLoader(sub, batch_size=50, num_workers=2, multiprocessing_context="fork",
+                    persistent_workers=True) as dl:
+        it = iter(dl)
+        next(it)
+        pids = [p.pid for p in multiprocessing.active_children()
+                if p.name.startswith("netcl_loader-worker")]
+        assert len(pids) == 2
+        before = {p: _private_dirty_bytes(p) for p in pids}
+        for _ in it:
+            pass
+        grown = {p: _private_dirty_bytes(p) - before[p] for p in pids}
+    assert all(g < index_bytes for g in grown.values()), (grown, index_bytes)
