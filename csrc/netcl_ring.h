@@ -27,7 +27,9 @@ enum netcl_slot_state {
     NETCL_ASSIGNED = 1,  /* given to a producer, being filled */
     NETCL_READY = 2,     /* the batch is in the slot's data region */
     NETCL_PIPED = 3,     /* the batch (or an error) comes through the producer's pipe */
-    NETCL_CANCELLED = 4  /* the producer skipped a stale task: nothing to read */
+    NETCL_CANCELLED = 4, /* the producer skipped a stale task: nothing to read */
+    NETCL_GROW = 5       /* the batch needs a bigger region: `needed` says how big; the
+                          * consumer grows the slot (ASSIGNED again) or refuses */
 };
 
 typedef struct {
@@ -234,6 +236,37 @@ static inline int64_t netcl_ring_find_published(netcl_ring_header_t *hdr, const 
         if (st == NETCL_READY || st == NETCL_PIPED) return k;
     }
     return -1;
+}
+
+/* The consumer's next slot to look at among `slots` (oldest task first):
+ * the first that asks to grow (the producer waits for it), else the first
+ * published one, where `any` (out-of-order delivery) or only the oldest
+ * (in-order).  -1 when there is none. */
+static inline int64_t netcl_ring_find_next(netcl_ring_header_t *hdr, const uint32_t *slots,
+                                           uint32_t n, int any) {
+    int64_t first = -1;
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t st = netcl_load_acquire(&netcl_slot(hdr, slots[k])->state);
+        if (st == NETCL_GROW) return k;
+        if (first < 0 && (st == NETCL_READY || st == NETCL_PIPED) && (any || k == 0)) first = k;
+    }
+    return first;
+}
+
+/* Wait up to timeout_ms for netcl_ring_find_next to find a slot: its
+ * position, or -1 on timeout. */
+static inline int64_t netcl_ring_wait_next(netcl_ring_header_t *hdr, const uint32_t *slots,
+                                           uint32_t n, int any, int timeout_ms) {
+    for (;;) {
+        uint32_t seen = netcl_load_seq(&hdr->gen);
+        NETCL_RING_YIELD();
+        int64_t k = netcl_ring_find_next(hdr, slots, n, any);
+        if (k >= 0) return k;
+        NETCL_RING_YIELD();
+        if (netcl_ring_wait_gen(hdr, seen, timeout_ms)) {
+            return netcl_ring_find_next(hdr, slots, n, any);
+        }
+    }
 }
 
 /* Wait up to timeout_ms for one of `slots` to be published: its position in

@@ -173,7 +173,7 @@ KILL_PROGRAMS = {
             for k, b in enumerate(loader):
                 if k == 30:
                     print("PIDS", *loader.worker_pids, flush=True)
-                    print("PIPED", loader.stats.piped_batches, flush=True)
+                    print("PIPED", loader.stats.grown_slots, flush=True)
                     print("KILL", flush=True)
     """,
     # prefetch 8: each worker has several 2-second tasks queued behind the one

@@ -6,12 +6,11 @@ import warnings
 
 import numpy as np
 
-from ._pool import (LEASE_NEXT_CALL, LEASE_REFS, LEASE_UPLOAD, SLOT_GROWTH,
-                    WorkerError)
+from ._pool import LEASE_NEXT_CALL, LEASE_REFS, LEASE_UPLOAD, WorkerError
 from ._errors import LoaderTimeout
 from ._order import Progress, numbered
 from ._protocol import BATCH, END, ERROR, ERROR_END, rebuild_error
-from ._ring import PIPED, READY
+from ._ring import GROW, PIPED, READY
 from ._tree import batch_len, read_only
 from ._worker import RngStates, StreamEnd
 from .shared_batch import COPY, LEND, VIEW, WAIT_SLICE_MS, decode
@@ -54,7 +53,8 @@ class EpochIterator:
         self.prestarted = prestarted     # started early by the loader, not yet handed out
         t0 = time.perf_counter()
         self.progress = Progress(prefix, extra)  # which batches of the epoch are done
-        self.pending = {}                # seq -> (slot, worker id, n samples)
+        self.pending = {}                # seq -> (slot, worker id, n samples); slot None: failed
+        self._failed = {}                # seq -> the MemoryError of a task that got no slot
         self._last = None                # end of the previous next(), for wall time
         self.iterable = loader.iterable
         if self.iterable:
@@ -174,7 +174,25 @@ class EpochIterator:
                 self._wait_for_slot()  # every slot is leased or still stale
                 self._fill()
             seq, slot, wid, n = self._wait()
+            if slot is None:  # its slot could not be had: the batch's error instead
+                del self.pending[seq]
+                if not self.iterable:
+                    self.progress.mark(seq)
+                return self._failed.pop(seq)
             header = self.pool.header
+            if header.state(slot) == GROW:
+                # The worker waits, its batch half made, for a bigger slot: grown
+                # here (the memory checked first), or the batch's error.
+                try:
+                    self.pool.answer_grow(slot, wid)
+                except MemoryError as exc:
+                    del self.pending[seq]
+                    if not self.iterable:
+                        self.progress.mark(seq)
+                    return exc
+                stats.grown_slots += 1
+                continue
+            del self.pending[seq]
             times = header.times(slot)  # the worker's stage times, before the slot is freed
             skipped = header.skipped(slot)  # samples its dataset replaced (bad files)
             t_decode = time.perf_counter()  # (for a piped batch: after it has arrived)
@@ -192,11 +210,7 @@ class EpochIterator:
                 msg = self.pool.recv(wid, self.token, seq, loader.timeout)
                 t_decode = time.perf_counter()
                 stats.record_wait(t_decode - t0)
-                needed = header.result(slot)[2]
-                if needed:
-                    stats.piped_batches += 1
-                    self.pool.slot_need = max(self.pool.slot_need, int(needed * SLOT_GROWTH))
-                elif not loader.use_shared_mem and msg.kind == BATCH:
+                if msg.kind == BATCH:  # use_shared_mem=False
                     stats.piped_batches += 1
                 self.pool.release(slot)
                 if msg.kind == END:  # this worker's stream has ended
@@ -223,7 +237,7 @@ class EpochIterator:
         ready yet, the workers must be at work now, not when the caller is back."""
         if self.pending and self.loader.in_order:
             slot = self.pending[next(iter(self.pending))][0]
-            st = self.pool.header.state(slot)
+            st = self.pool.header.state(slot) if slot is not None else READY
             if st != READY and st != PIPED:
                 self.pool.kick_all()
 
@@ -289,7 +303,12 @@ class EpochIterator:
             except StopIteration:
                 self._tasks_left = False
                 break
-            slot, wid = pool.dispatch(self.token, seq, self.epoch, indices, wid)
+            try:
+                slot, wid = pool.dispatch(self.token, seq, self.epoch, indices, wid)
+            except MemoryError as exc:
+                # No memory for its slot: the batch's error, in its place.
+                slot = None
+                self._failed[seq] = exc
             self.pending[seq] = (slot, wid, len(indices))
 
     def _wait(self):
@@ -301,27 +320,29 @@ class EpochIterator:
         """
         pool = self.pool
         header = pool.header
-        if self.loader.in_order:
-            # Tasks are dispatched in batch order: the oldest pending is the next.
-            found = next(iter(self.pending))
-            slot = self.pending[found][0]
-            st = header.state(slot)
-            if st != READY and st != PIPED:
-                self._sleep(lambda ms: header.wait_slot(slot, ms) >= 0, found)
+        pending = self.pending
+        in_order = self.loader.in_order
+        # Tasks are dispatched in batch order: the oldest pending is the next
+        # in order.  A slot that asks to grow is answered first, whichever it
+        # is (its worker waits on it).
+        seqs = list(pending) if in_order else sorted(pending)
+        failed = [q for q in seqs if pending[q][0] is None]
+        if failed and (not in_order or failed[0] == seqs[0]):
+            found = failed[0]
         else:
-            seqs = sorted(self.pending)
-            slots = np.array([self.pending[q][0] for q in seqs], np.uint32)
+            seqs = [q for q in seqs if pending[q][0] is not None]
+            slots = np.array([pending[q][0] for q in seqs], np.uint32)
             box = []
 
             def ready(ms):
-                k = header.wait_published(slots, ms)
+                k = header.wait_next(slots, not in_order, ms)
                 if k >= 0:
                     box.append(seqs[k])
                 return k >= 0
             if not ready(0):
                 self._sleep(ready, seqs[0])
             found = box[0]
-        slot, wid, n = self.pending.pop(found)
+        slot, wid, n = pending[found]
         return found, slot, wid, n
 
     def _sleep(self, ready, waiting):
@@ -486,6 +507,7 @@ class EpochIterator:
             self.loader._token = (self.loader._token + 1) & 0xFFFFFFFF
             self.pool.header.set_token(self.loader._token)
         self.pending = {}
+        self._failed = {}
 
     def __del__(self):
         try:

@@ -11,9 +11,9 @@ import weakref
 import numpy as np
 
 from ._errors import LoaderTimeout
-from ._protocol import (ENTRY_PIPED_TASK, ENTRY_REMAP, ENTRY_STOP, ENTRY_TASK,
+from ._protocol import (ENTRY_NO_ROOM, ENTRY_PIPED_TASK, ENTRY_REMAP, ENTRY_STOP, ENTRY_TASK,
                         FLAG_PICKLED_INDICES, KIND_REMAP, KIND_TASK, TASK_HEADER, send_fd)
-from ._ring import CANCELLED, PIPED, READY
+from ._ring import CANCELLED, GROW, PIPED, READY
 from ._worker import Lifeline, WorkerConfig, worker_loop
 from .shared_batch import SharedBatchRingBuffer
 
@@ -27,14 +27,6 @@ JOIN_SECONDS = 2.0
 LOST_EXIT_SECONDS = 0.5
 #: Seconds between liveness checks of the workers while waiting for a batch.
 LIVENESS_CHECK_SECONDS = 0.05
-#: Headroom given to a slot that grows, so that slightly larger batches fit.
-SLOT_GROWTH = 1.25
-
-#: Leases: what frees a slot whose batch was handed to the caller without a
-#: copy.  (A copied or piped batch frees its slot at once, with no lease.)
-LEASE_NEXT_CALL = 1   # zero_copy: read-only views, valid until the next batch is asked for
-LEASE_REFS = 2        # lent: once the caller has dropped every array made from the slot
-LEASE_UPLOAD = 3      # a bound queue: once the batch's device copies have completed
 #: Headroom given to a slot that grows, so that slightly larger batches fit.
 SLOT_GROWTH = 1.25
 
@@ -217,6 +209,35 @@ class Pool:
             self.push(wid, ENTRY_REMAP | slot)
         self.stats.ring_bytes = self.ring.nbytes
 
+    def answer_grow(self, slot, wid):
+        """Answer worker ``wid``'s request that ``slot`` grow (it waits, its batch half
+        made): a region of the bytes it asked for and some headroom, which every
+        later task's slot gets too.
+
+        Raises
+        ------
+        SharedMemoryError
+            When the memory cannot be had (the one check every region passes);
+            the worker is told to drop the task, and the slot is freed once it has.
+        """
+        needed = self.header.take_grow(slot)  # GROW -> ASSIGNED: the worker waits for word
+        if not needed:
+            return
+        size = max(int(needed * SLOT_GROWTH), self.slot_need)
+        try:
+            self.grow(slot, size)
+        except MemoryError:
+            self.push(wid, ENTRY_NO_ROOM | slot)
+            self.drop(slot)
+            raise
+        self.slot_need = size
+
+    def drop(self, slot):
+        """Give up the task of ``slot`` (still in a worker's hands): the slot is freed by
+        :meth:`reap` once the worker has published it."""
+        token, seq, wid = self.slot_task[slot]
+        self.slot_task[slot] = (None, seq, wid)  # matches no iteration's token
+
     def push(self, wid, entry, wake=True):
         """Queue an entry for worker ``wid`` (a store; a wake only if it sleeps and ``wake``)."""
         while not self.header.push(wid, entry, wake):
@@ -252,10 +273,18 @@ class Pool:
         its share of the prefetch queued (one wake per ``share`` tasks, not
         per task), or by :meth:`kick_all` before the main process waits.
         """
-        slot = self.free[-1]
+        free = self.free
+        slot = free[-1]
         if self.use_shared_mem and self.ring.capacity(slot) < self.slot_need:
-            self.grow(slot, self.slot_need)  # may raise SharedMemoryError: the slot stays free
-        self.free.pop()
+            # A free slot already big enough, else the last freed one, grown
+            # (may raise SharedMemoryError: the slot stays free).
+            big = [k for k, s in enumerate(free) if self.ring.capacity(s) >= self.slot_need]
+            if big:
+                free[big[-1]], free[-1] = free[-1], free[big[-1]]
+                slot = free[-1]
+            else:
+                self.grow(slot, self.slot_need)
+        free.pop()
         self.slot_task[slot] = (token, seq, wid)
         if isinstance(indices, np.ndarray) and indices.dtype == np.int64:
             idx = indices if indices.flags.c_contiguous else np.ascontiguousarray(indices)
@@ -387,6 +416,11 @@ class Pool:
             if task is None or task[0] == token or slot in self.leases:
                 continue  # a leased slot is freed by reclaim()
             st = self.header.state(slot)
+            if st == GROW:
+                # Nobody waits for this batch any more: the worker drops it.
+                if self.header.take_grow(slot):
+                    self.push(task[2], ENTRY_NO_ROOM | slot)
+                continue
             if st == PIPED:
                 key = (task[0], task[1])
                 if not self._poll_stale(task[2], key):

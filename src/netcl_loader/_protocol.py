@@ -5,8 +5,10 @@ word) on a worker's task queue in the ring header; the task itself (token,
 batch number, epoch, indices) lies in the slot's header and index area, or,
 when it does not fit there, on the worker's pipe after a ``TASK_HEADER``.
 The worker answers by publishing the slot READY (the batch is in the slot)
-or PIPED (a :class:`Result` follows on its pipe: a batch that did not fit,
-an error record, or the end of its stream).
+or PIPED (a :class:`Result` follows on its pipe: an error record, the end of
+its stream, or any batch when shared memory is off).  A batch that does not
+fit its slot publishes GROW with the bytes it needs and waits: the main
+process grows the slot (a REMAP entry) or cannot (a NO_ROOM entry).
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ ENTRY_TASK = 0 << 24          # the task is in the slot's header and index area
 ENTRY_PIPED_TASK = 1 << 24    # the task message waits on the worker's pipe
 ENTRY_REMAP = 2 << 24         # a new region for the slot waits on the pipe
 ENTRY_STOP = 3 << 24
+ENTRY_NO_ROOM = 4 << 24       # the slot could not grow: drop its task (the main process reports why)
 
 # Messages on a worker's pipe: a fixed header, then a payload.
 # kind, flags, token, seq (or bytes for a remap), slot, epoch
@@ -126,10 +129,15 @@ class _KeyErrorMessage(str):
 
 def error_record(exc, indices, worker_id):
     """A picklable description of an exception raised while loading a batch."""
-    try:
-        exc_type = pickle.loads(pickle.dumps(type(exc)))
-    except Exception:
-        exc_type = None
+    # The first class of its MRO that the main process can have too (a class
+    # defined in a function, or one of a module it cannot import, cannot).
+    exc_type = None
+    for cls in type(exc).__mro__:
+        try:
+            exc_type = pickle.loads(pickle.dumps(cls))
+            break
+        except Exception:
+            continue
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     idx = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
     return (exc_type, type(exc).__qualname__, tb, idx, worker_id, os.getpid())
@@ -143,13 +151,17 @@ def rebuild_error(record):
     what = (f"the batch of dataset indices {shown}" if indices else
             "a batch (from its stream of an iterable-style dataset, or before its first task)")
     msg = f"Caught {name} in {where} while loading {what}.\nOriginal traceback:\n{tb}"
-    if exc_type is not None:
-        if exc_type is KeyError:
-            msg = _KeyErrorMessage(msg)
+    # The type itself where it can be built from a message, else its nearest
+    # base that can (NumPy's _ArrayMemoryError, whose constructor takes a
+    # shape and a dtype, arrives as a MemoryError).
+    for cls in (exc_type.__mro__ if isinstance(exc_type, type) else ()):
+        if not issubclass(cls, BaseException):
+            continue
+        text = _KeyErrorMessage(msg) if cls is KeyError else msg
         try:
-            exc = exc_type(msg)
-            if isinstance(exc, BaseException):
-                return exc
+            exc = cls(text)
         except Exception:
-            pass
+            continue
+        if isinstance(exc, BaseException):
+            return exc
     return RuntimeError(msg)

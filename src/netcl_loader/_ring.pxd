@@ -35,6 +35,7 @@ cdef extern from "netcl_ring.h" nogil:
         NETCL_READY
         NETCL_PIPED
         NETCL_CANCELLED
+        NETCL_GROW
     ctypedef struct netcl_ring_header_t:
         uint32_t magic
         uint32_t version
@@ -82,6 +83,8 @@ cdef extern from "netcl_ring.h" nogil:
                           uint64_t seq, uint32_t owner, uint32_t epoch, const int64_t *indices,
                           uint64_t n)
     int64_t netcl_ring_find_published(netcl_ring_header_t *hdr, const uint32_t *slots, uint32_t n)
+    int64_t netcl_ring_wait_next(netcl_ring_header_t *hdr, const uint32_t *slots, uint32_t n,
+                                 int any, int timeout_ms)
     int64_t netcl_ring_wait_published(netcl_ring_header_t *hdr, const uint32_t *slots, uint32_t n,
                                       int timeout_ms)
 

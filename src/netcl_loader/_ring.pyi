@@ -5,6 +5,7 @@ ASSIGNED: int
 READY: int
 PIPED: int
 CANCELLED: int
+GROW: int
 PAGE_BYTES: int
 
 class SharedMemoryError(MemoryError): ...

@@ -17,6 +17,7 @@ ASSIGNED = NETCL_ASSIGNED
 READY = NETCL_READY
 PIPED = NETCL_PIPED
 CANCELLED = NETCL_CANCELLED
+GROW = NETCL_GROW
 
 PAGE_BYTES = netcl_page_size()
 
@@ -267,6 +268,33 @@ cdef class RingHeader:
         with nogil:
             k = netcl_ring_wait_published(self.hdr, &slots[0], n, timeout_ms)
         return k
+
+    def wait_next(self, const uint32_t[::1] slots, bint any, int timeout_ms):
+        """Wait up to ``timeout_ms`` for the main process's next slot among ``slots``
+        (oldest task first): the first that asks to grow (GROW), else the first
+        READY or PIPED one (any of them with ``any``, else only ``slots[0]``).
+
+        Returns its position in ``slots``, or -1 on timeout.  Sleeps on the wake
+        word without the GIL.
+        """
+        cdef uint32_t n = <uint32_t>slots.shape[0]
+        cdef int64_t k
+        if n == 0:
+            return -1
+        for k in range(n):
+            if slots[k] >= self.nslots:
+                raise IndexError(f"slot {slots[k]} out of range for a ring of {self.nslots} slots")
+        with nogil:
+            k = netcl_ring_wait_next(self.hdr, &slots[0], n, any, timeout_ms)
+        return k
+
+    def take_grow(self, uint32_t i):
+        """Answer slot ``i``'s request to grow (main process): GROW -> ASSIGNED, and the
+        bytes its batch needs; 0 when the slot does not ask (nothing changes)."""
+        cdef netcl_slot_header_t *s = self.slot(i)
+        if not netcl_cas(&s.state, NETCL_GROW, NETCL_ASSIGNED):
+            return 0
+        return s.needed
 
     def wait_slot(self, uint32_t i, int timeout_ms):
         """:meth:`wait_published` for one slot (in-order delivery): 0, or -1 on timeout."""

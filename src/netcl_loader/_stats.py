@@ -324,6 +324,9 @@ class LoaderStats:
     piped_batches, uploads, upload_fallbacks, worker_restarts : int
         Batches that came through a pipe, device uploads, uploads that fell
         back to NumPy, pools restarted after a worker died.
+    grown_slots : int
+        Ring slots grown for a batch that did not fit (its worker waited for
+        the bigger slot; the batch still went through the ring).
     skipped : int
         Samples a dataset replaced by others in delivered batches (the image
         datasets' bad files with ``on_error="skip"``).
@@ -349,7 +352,8 @@ class LoaderStats:
     wait_seconds: float = 0.0      # main process blocked waiting for batches
     ring_slots: int = 0
     ring_bytes: int = 0
-    piped_batches: int = 0         # batches that came through a pipe (too big for their slot, or use_shared_mem=False)
+    piped_batches: int = 0         # batches that came through a pipe (use_shared_mem=False)
+    grown_slots: int = 0           # slots grown for a batch that did not fit (it waited)
     uploads: int = 0
     upload_fallbacks: int = 0
     worker_restarts: int = 0
@@ -476,6 +480,7 @@ class LoaderStats:
         self.epochs = 0
         self.wait_seconds = 0.0
         self.piped_batches = self.uploads = self.upload_fallbacks = self.worker_restarts = 0
+        self.grown_slots = 0
         self.skipped = 0
         self._clear()
         if open_epoch is not None:
@@ -794,8 +799,8 @@ class LoaderStats:
         """Every figure as a JSON-serialisable dict (for TensorBoard, W&B, a log line)."""
         d = {k: getattr(self, k) for k in (
             "batches", "samples", "epochs", "wait_seconds", "wall_seconds", "ring_slots",
-            "ring_bytes", "piped_batches", "uploads", "upload_fallbacks", "worker_restarts",
-            "skipped", "num_workers", "prefetch")}
+            "ring_bytes", "piped_batches", "grown_slots", "uploads", "upload_fallbacks",
+            "worker_restarts", "skipped", "num_workers", "prefetch")}
         d["wait_fraction"] = self.wait_fraction
         d["stages"] = {k: asdict(v) for k, v in self.stages.items()}
         d["workers"] = [asdict(v) for v in self.workers.values()]

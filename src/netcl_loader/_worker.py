@@ -1,6 +1,7 @@
 """The worker side: fetch a batch, collate it into its ring slot, publish it."""
 from __future__ import annotations
 
+import collections
 import os
 import pickle
 import random
@@ -13,11 +14,11 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ._collate import array_as_tensor, collate, gather_rows, tensor_as_array, tensor_dtype_info
-from ._protocol import (BATCH, END, ENTRY_KIND_MASK, ENTRY_PIPED_TASK, ENTRY_REMAP,
-                        ENTRY_SLOT_MASK, ENTRY_STOP, ERROR, ERROR_END, FLAG_PICKLED_INDICES,
-                        TASK_HEADER, Result, dumps, error_record, recv_fd)
-from ._ring import CANCELLED, PIPED
-from .shared_batch import SlotWriter
+from ._protocol import (BATCH, END, ENTRY_KIND_MASK, ENTRY_NO_ROOM, ENTRY_PIPED_TASK,
+                        ENTRY_REMAP, ENTRY_SLOT_MASK, ENTRY_STOP, ENTRY_TASK, ERROR, ERROR_END,
+                        FLAG_PICKLED_INDICES, TASK_HEADER, Result, dumps, error_record, recv_fd)
+from ._ring import CANCELLED, GROW, PIPED
+from .shared_batch import SlotFull, SlotWriter
 
 __all__ = ["WorkerInfo", "get_worker_info", "build_batch", "worker_seed"]
 
@@ -471,6 +472,159 @@ class WorkerConfig(NamedTuple):
     generation: int             # pools the loader started before this one
 
 
+class _Stop(Exception):
+    """The main process asked this worker to exit (a STOP entry)."""
+
+
+class _PipeLost(Exception):
+    """The pipe to the main process broke: it is gone or closing the pool."""
+
+
+class _NoRoom(Exception):
+    """The main process could not grow the slot (and reports the shortage itself)."""
+
+
+class _Tasks:
+    """A worker's side of its task queue: the tasks in the order queued, the slots'
+    new regions mapped as they come, and the wait for a slot to grow.
+
+    While a worker waits for its slot to grow, entries behind the one it
+    waits for keep coming: tasks are kept for later (their pipe messages read
+    now, in order), regions mapped at once.
+    """
+
+    __slots__ = ("worker_id", "header", "conn", "ring", "deferred", "unmapped")
+
+    def __init__(self, worker_id, header, conn, ring):
+        self.worker_id = worker_id
+        self.header = header
+        self.conn = conn
+        self.ring = ring
+        self.deferred = collections.deque()
+        self.unmapped = {}  # slot -> SharedMemoryError: its grown region could not be mapped here
+
+    def next(self):
+        """``(slot, token, seq, epoch, indices)`` of the next task; raises _Stop or _PipeLost."""
+        if self.deferred:
+            return self.deferred.popleft()
+        while True:
+            entry = self.header.pop(self.worker_id, IDLE_WAIT_MS)
+            if entry >= 0:
+                task = self._take(entry)
+                if task is not None:
+                    return task
+
+    def wait_grown(self, slot, needed):
+        """Ask the main process for a region of at least ``needed`` bytes for ``slot``
+        and wait until it is mapped here.  Raises _NoRoom when the main process
+        could not have the memory, the SharedMemoryError of a region that could
+        not be mapped here, _Stop or _PipeLost."""
+        ring, header = self.ring, self.header
+        ring.publish(slot, GROW, needed)
+        while True:
+            entry = header.pop(self.worker_id, IDLE_WAIT_MS)
+            if entry < 0:
+                continue
+            kind, s = entry & ENTRY_KIND_MASK, entry & ENTRY_SLOT_MASK
+            if s == slot and kind == ENTRY_NO_ROOM:
+                raise _NoRoom()
+            task = self._take(entry)
+            if task is not None:
+                self.deferred.append(task)
+            elif s == slot and kind == ENTRY_REMAP:
+                if slot in self.unmapped:
+                    raise self.unmapped.pop(slot)
+                return
+
+    def _take(self, entry):
+        """The task of one queue entry, or None for an entry that is not a task."""
+        kind, slot = entry & ENTRY_KIND_MASK, entry & ENTRY_SLOT_MASK
+        header = self.header
+        if kind == ENTRY_TASK:
+            token, seq, epoch = header.task(slot)
+            return slot, token, seq, epoch, np.frombuffer(header.get_indices(slot), np.int64)
+        if kind == ENTRY_STOP:
+            raise _Stop()
+        try:
+            if kind == ENTRY_REMAP:
+                self._remap(slot)
+                return None
+            if kind == ENTRY_PIPED_TASK:  # indices too long or not ints: on the pipe
+                msg = self.conn.recv_bytes()
+                _, flags, token, seq, slot, epoch = TASK_HEADER.unpack_from(msg)
+                if flags & FLAG_PICKLED_INDICES:
+                    indices = pickle.loads(msg[TASK_HEADER.size:])
+                else:
+                    indices = np.frombuffer(msg, np.int64, offset=TASK_HEADER.size)
+                return slot, token, seq, epoch, indices
+        except (EOFError, OSError) as exc:
+            raise _PipeLost() from exc
+        return None  # a refusal for a slot this worker no longer waits on
+
+    def _remap(self, slot):
+        from ._ring import Segment, SharedMemoryError
+        conn = self.conn
+        msg = conn.recv_bytes()
+        nbytes = TASK_HEADER.unpack_from(msg)[3]
+        fd = recv_fd(conn)
+        try:
+            seg = Segment.attach(fd, nbytes) if nbytes else None
+        except OSError as exc:
+            # mmap refused (ENOMEM: an address-space limit, vm.max_map_count).
+            # Returning would look like a clean exit (code 0) to the main
+            # process; instead the slot is unusable in this worker (no region)
+            # and its next task reports why.
+            os.close(fd)
+            seg = None
+            self.unmapped[slot] = SharedMemoryError(
+                f"worker {self.worker_id} could not map a grown ring slot of {nbytes} "
+                f"bytes: {exc}. Remedy: raise the worker's address-space limit "
+                f"(ulimit -v, RLIMIT_AS, also where worker_init_fn sets it) or "
+                f"vm.max_map_count, free memory, or ask for less (smaller batch_size "
+                f"or prefetch); use_shared_mem=False sends batches by pipe instead.")
+        self.ring.attach(slot, seg)
+
+
+class _SlotSpace:
+    """Space for one batch in its slot: ``alloc`` for the collation, ``publish`` for the
+    rest.  A batch that does not fit waits for a bigger slot (asked of the main
+    process, which owns slot sizes and checks the memory) before anything is
+    written past the slot: arrays already placed in the old region are copied
+    into the new one with the record, so every batch lies in shared memory."""
+
+    __slots__ = ("tasks", "slot", "writer")
+
+    def __init__(self, tasks, slot):
+        self.tasks = tasks
+        self.slot = slot
+        ring = tasks.ring
+        self.writer = SlotWriter(ring.segment(slot), ring.capacity(slot), strict=True)
+
+    def _grow(self, needed):
+        tasks, slot = self.tasks, self.slot
+        tasks.wait_grown(slot, needed)
+        ring = tasks.ring
+        self.writer = SlotWriter(ring.segment(slot), ring.capacity(slot), strict=True)
+
+    def alloc(self, shape, dtype):
+        while True:
+            try:
+                return self.writer.alloc(shape, dtype)
+            except SlotFull as full:
+                needed = full.needed
+            self._grow(needed)  # (outside the handler: its errors are not "during" it)
+
+    def publish(self, batch, times, skipped):
+        ring = self.tasks.ring
+        while True:
+            try:
+                ring.publish_batch(self.slot, self.writer, batch, times, skipped)
+                return
+            except SlotFull as full:
+                needed = full.needed
+            self._grow(needed)
+
+
 def worker_loop(config, conn, ring, lifeline):
     """The body of one persistent worker process.
 
@@ -507,54 +661,17 @@ def worker_loop(config, conn, ring, lifeline):
         init_error = error_record(exc, [], worker_id)
     else:
         init_error = None
-    unmapped = {}  # slot -> SharedMemoryError: its grown region could not be mapped here
+    tasks = _Tasks(worker_id, header, conn, ring)
 
     while True:
-        entry = header.pop(worker_id, IDLE_WAIT_MS)
-        if entry < 0:
-            continue
-        kind, slot = entry & ENTRY_KIND_MASK, entry & ENTRY_SLOT_MASK
-        if kind == ENTRY_STOP:
-            return
         try:
-            if kind == ENTRY_REMAP:
-                from ._ring import Segment, SharedMemoryError
-                msg = conn.recv_bytes()
-                nbytes = TASK_HEADER.unpack_from(msg)[3]
-                fd = recv_fd(conn)
-                try:
-                    seg = Segment.attach(fd, nbytes) if nbytes else None
-                except OSError as exc:
-                    # mmap refused (ENOMEM: an address-space limit, vm.max_map_count).
-                    # Returning would look like a clean exit (code 0) to the main
-                    # process; instead the slot is unusable in this worker (no
-                    # region: its batches go by pipe) and its next task reports why.
-                    os.close(fd)
-                    seg = None
-                    unmapped[slot] = SharedMemoryError(
-                        f"worker {worker_id} could not map a grown ring slot of {nbytes} "
-                        f"bytes: {exc}. Remedy: raise the worker's address-space limit "
-                        f"(ulimit -v, RLIMIT_AS, also where worker_init_fn sets it) or "
-                        f"vm.max_map_count, free memory, or ask for less (smaller batch_size "
-                        f"or prefetch); use_shared_mem=False sends batches by pipe instead.")
-                ring.attach(slot, seg)
-                continue
-            if kind == ENTRY_PIPED_TASK:  # indices too long or not ints: on the pipe
-                msg = conn.recv_bytes()
-                _, flags, token, seq, slot, epoch = TASK_HEADER.unpack_from(msg)
-                if flags & FLAG_PICKLED_INDICES:
-                    indices = pickle.loads(msg[TASK_HEADER.size:])
-                else:
-                    indices = np.frombuffer(msg, np.int64, offset=TASK_HEADER.size)
-            else:
-                token, seq, epoch = header.task(slot)
-                indices = np.frombuffer(header.get_indices(slot), np.int64)
-        except (EOFError, OSError):
+            task = tasks.next()
+        except (_Stop, _PipeLost):
             return
+        slot, token, seq, epoch, indices = task
         if header.token() != token:
             ring.publish(slot, CANCELLED)  # the main process moved on
             continue
-        needed = 0
         start = time.perf_counter_ns()
         maker.times = (0, 0, 0)
         try:
@@ -562,31 +679,37 @@ def worker_loop(config, conn, ring, lifeline):
                 raise_record, init_error = init_error, None
                 raise RuntimeError(f"worker_init_fn failed in DataLoader worker {worker_id}:\n"
                                    f"{raise_record[2]}")
-            if slot in unmapped:
-                raise unmapped.pop(slot)
+            if slot in tasks.unmapped:
+                raise tasks.unmapped.pop(slot)
             if config.iterable:
                 maker.start_stream(token)
             seed = maker.seed(epoch, seq)
             if seed is not None:
                 _set_worker_info(_worker_info._replace(seed=seed))
-            writer = SlotWriter(ring.segment(slot), ring.capacity(slot)) if use_shared_mem else None
-            batch = maker.make(indices, writer.alloc if writer is not None else np.empty)
-            if writer is not None:
-                if ring.publish_batch(slot, writer, batch, maker.times + (start,),
-                                      maker.skipped):
-                    continue
-                needed = writer.needed
+            if use_shared_mem:
+                # Every array of the batch is placed in the slot; one that does
+                # not fit waits for the main process to grow the slot first.
+                space = _SlotSpace(tasks, slot)
+                batch = maker.make(indices, space.alloc)
+                space.publish(batch, maker.times + (start,), maker.skipped)
+                continue
+            batch = maker.make(indices, np.empty)
             payload = Result(BATCH, token, seq, batch)
+        except _NoRoom:
+            ring.publish(slot, CANCELLED)  # the main process reported the shortage
+            continue
+        except (_Stop, _PipeLost):
+            return
         except StreamEnd:
             payload = Result(END, token, seq, None)
         except Exception as exc:
-            # An error of the stream itself ends it for the epoch (SPEC section
-            # 11); one of collate_fn or a transform does not.
+            # An error of the stream itself ends it for the epoch; one of
+            # collate_fn or a transform does not.
             kind = ERROR_END if config.iterable and maker.stream is None else ERROR
             payload = Result(kind, token, seq, error_record(exc, indices, worker_id))
         # Publish first, then send: a large payload blocks in send until the
         # main process, woken by the publish, reads it.
-        ring.publish(slot, PIPED, needed, maker.times + (start,), maker.skipped)
+        ring.publish(slot, PIPED, 0, maker.times + (start,), maker.skipped)
         try:
             data = dumps(payload)
         except Exception as exc:  # the batch does not pickle

@@ -31,7 +31,7 @@ from ._collate import (array_as_tensor, is_tensor, tensor_as_array,
                        torch_module)
 from ._options import check_positive_int
 from ._tree import map_leaves, structure_key
-from ._ring import (ASSIGNED, CANCELLED, FREE, PAGE_BYTES, PIPED, READY, RingHeader,
+from ._ring import (ASSIGNED, CANCELLED, FREE, GROW, PAGE_BYTES, PIPED, READY, RingHeader,
                     Segment, SharedMemoryError)
 
 __all__ = ["SharedBatchRingBuffer", "SlotOverflowError", "SharedMemoryError", "convert_output"]
@@ -50,6 +50,16 @@ class SlotOverflowError(ValueError):
 
     def __init__(self, message, needed):
         super().__init__(message)
+        self.needed = needed
+
+
+class SlotFull(Exception):
+    """Raised by a strict :class:`SlotWriter` before anything is written past its
+    slot: the batch needs at least ``needed`` bytes (the loader's worker then
+    waits for a bigger slot and goes on in it, never in private memory).  Not a ValueError, so that collation passes it through unwrapped."""
+
+    def __init__(self, needed):
+        super().__init__(f"the batch needs at least {needed} bytes of its slot")
         self.needed = needed
 
 
@@ -321,21 +331,25 @@ class SlotWriter:
     """Hands out space in one slot's data region for the arrays of one batch.
 
     ``alloc(shape, dtype)`` returns a writable array in the slot while there is
-    room, and a private array once there is none; ``needed`` always says how
-    many bytes the whole batch took, so the owner can grow the slot.  Arrays
-    whose dtype holds object references (object, StringDType, records with
-    object fields) cannot live in shared memory: alloc gives a private array
-    for them, and the record carries them by value (pickled), as a pipe would.
+    room.  Once there is none, a strict writer (the loader's) raises
+    :class:`SlotFull` before anything is written, so that every batch lies in
+    shared memory or nowhere; otherwise (``strict=False``, a ring used on its
+    own) it gives a private array, and ``needed`` says how many bytes the
+    whole batch took.  Arrays whose dtype holds object references (object,
+    StringDType, records with object fields) cannot live in shared memory:
+    alloc gives a private array for them, and the record carries them by
+    value (pickled), as a pipe would.
     """
 
-    __slots__ = ("segment", "capacity", "needed", "placed", "overflow", "_base")
+    __slots__ = ("segment", "capacity", "needed", "placed", "overflow", "strict", "_base")
 
-    def __init__(self, segment, capacity):
+    def __init__(self, segment, capacity, strict=False):
         self.segment = segment
         self.capacity = capacity if segment is not None else 0
         self.needed = 0
         self.placed = {}
         self.overflow = False
+        self.strict = strict
         self._base = None
 
     def alloc(self, shape, dtype):
@@ -357,6 +371,8 @@ class SlotWriter:
         off = _align(self.needed)
         self.needed = off + nbytes
         if self.needed > self.capacity:
+            if self.strict:
+                raise SlotFull(self.needed)
             # No room: a private array, still given its place, so that the
             # record (and `needed`) come out as they would in a slot that fits.
             arr = np.empty(shape, dtype)
@@ -473,6 +489,8 @@ class SlotWriter:
         off = _align(self.needed)
         self.needed = off + len(record)
         if self.needed > self.capacity:
+            if self.strict:
+                raise SlotFull(self.needed)
             return None
         np.frombuffer(self.segment, np.uint8, len(record), off)[:] = np.frombuffer(record, np.uint8)
         return off, len(record), self.needed
@@ -1065,4 +1083,4 @@ def _rebuild_ring(header, segments):
 
 
 STATES = {FREE: "FREE", ASSIGNED: "ASSIGNED", READY: "READY", PIPED: "PIPED",
-          CANCELLED: "CANCELLED"}
+          CANCELLED: "CANCELLED", GROW: "GROW"}
