@@ -355,3 +355,27 @@ def test_two_process_limit_splits_the_epoch_between_two_forked_processes(method)
     assert lim.gbps > 0 and lim.batches_per_s > 0
     assert not [p for p in multiprocessing.active_children()
                 if p.name.startswith("memcpy-limit")]
+
+
+def test_images_check_says_which_decoder_is_in_use(monkeypatch):
+    pytest.importorskip("PIL")
+    try:
+        from netcl_loader import _jpeg  # noqa: F401
+        compiled = True
+    except ImportError:
+        compiled = False
+    figure, detail, figures = selftest.check_images(selftest._Run(True, False))
+    assert figures["compiled"] == compiled
+    assert figure.startswith("libjpeg-turbo" if compiled else "Pillow fallback"), figure
+    assert figures["mean_abs_levels"] <= 2.0
+    # The documented switch forces the fallback, and the check says so.
+    monkeypatch.setenv("NETCL_LOADER_IMAGE_DECODER", "pillow")
+    figure, detail, figures = selftest.check_images(selftest._Run(True, False))
+    assert figure.startswith("Pillow fallback") and not figures["compiled"]
+    assert "NETCL_LOADER_IMAGE_DECODER=pillow" in detail
+
+
+def test_images_check_skips_without_pillow(monkeypatch):
+    monkeypatch.setitem(sys.modules, "PIL", None)
+    with pytest.raises(selftest._Skip, match="Pillow is not installed"):
+        selftest.check_images(selftest._Run(True, False))
