@@ -55,3 +55,15 @@ def test_torch_example_says_what_to_install_without_torch():
     assert out.returncode == 1
     assert "needs PyTorch" in out.stderr and "pip install torch" in out.stderr
     assert "train_digits.py" in out.stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("PIL") is None, reason="Pillow is not installed "
+                    "(the 'images' extra installs it)")
+def test_image_folder_example_learns():
+    out = _run("train_images.py", "--quick")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "decoder: " in out.stdout
+    losses = [float(e[2]) for e in EPOCH.findall(out.stdout)]
+    assert len(losses) == 8 and losses[-1] < losses[0] / 2, out.stdout
+    accuracy = ACCURACY.search(out.stdout)
+    assert accuracy and float(accuracy.group(1)) >= 0.80, out.stdout   # chance: 1/3
