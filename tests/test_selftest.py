@@ -347,7 +347,7 @@ def test_two_process_limit_splits_the_epoch_between_two_forked_processes(method)
 
     x, y = _tiny_dataset(41)
     lim = selftest.memcpy_two_process_limit((x, y), 4, seed=1, runs=2, method=method)
-    assert lim.processes == 2 and lim.method == method and lim.runs == 2
+    assert lim.processes == 2 and lim.method == method and lim.runs == 2 and lim.repeat >= 1
     assert len(set(lim.pids)) == 2 and os.getpid() not in lim.pids
     # Disjoint shares of the epoch: batches dealt in turn, every row copied once.
     assert sum(lim.rows) == len(x) and abs(lim.rows[0] - lim.rows[1]) <= 4

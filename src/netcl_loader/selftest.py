@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import multiprocessing
 import os
 import platform
@@ -88,6 +89,9 @@ MEMCPY_RUNS = 5
 #: The copy in Python may beat the C loop over the same rows by this share
 #: (noise) before the two figures count as inconsistent.
 MEMCPY_AGREE = 0.25
+#: Seconds a measured run of the two-process limit lasts at least: shorter
+#: epochs are copied several times over (the barrier's start costs ~0.1 ms).
+TWO_PROCESS_MIN_SECONDS = 0.05
 #: Shared memory is "slow" when a copy into it runs below this share of the
 #: same copy into private memory (both pages touched beforehand).
 SHM_SLOW_SHARE = 0.5
@@ -567,7 +571,8 @@ class TwoProcessLimit(NamedTuple):
     the first process leaving the start barrier to the last one finishing its
     share, median over ``runs``.  ``pids`` are the processes that copied,
     ``rows`` how many rows each copied per epoch, ``verified`` whether each
-    one's warm-up epoch copied exactly the rows of the dataset it was handed.
+    one's warm-up epoch copied exactly the rows of the dataset it was handed,
+    ``repeat`` how many times over each run copied its epoch.
     """
 
     gbps: float
@@ -578,6 +583,7 @@ class TwoProcessLimit(NamedTuple):
     verified: bool
     method: str
     runs: int
+    repeat: int
 
 
 def _touched_buffers(arrays, batch_size):
@@ -710,8 +716,10 @@ def _check_limit_args(arrays, batch_size, runs):
     return lengths[0]
 
 
-def _two_process_child(arrays, batch_size, epochs, part, processes, copy, barrier, conn):
-    """One of the processes of the two-process limit: its share of every epoch."""
+def _two_process_child(arrays, batch_size, epochs, part, processes, copy, barrier, conn,
+                       repeat=1):
+    """One of the processes of the two-process limit: its share of every epoch
+    (``repeat`` times over in each measured run)."""
     try:
         bufs = _touched_buffers(arrays, batch_size)
         mine = [[idx for k, idx in enumerate(batches) if k % processes == part]
@@ -725,8 +733,9 @@ def _two_process_child(arrays, batch_size, epochs, part, processes, copy, barrie
         for batches in mine[1:]:
             barrier.wait(CHECK_TIMEOUT_SECONDS)
             t0 = time.perf_counter()
-            for idx in batches:
-                copy(arrays, bufs, idx)
+            for _ in range(repeat):
+                for idx in batches:
+                    copy(arrays, bufs, idx)
             spans.append((t0, time.perf_counter()))
         rows = sum(len(idx) for idx in mine[0])
         conn.send(("ok", os.getpid(), rows, bool(verified), spans))
@@ -747,7 +756,9 @@ def memcpy_two_process_limit(arrays, batch_size, seed=0, runs=MEMCPY_RUNS, proce
     (checked: every buffer holds the rows asked for), the processes start
     each of ``runs`` epochs together at a barrier; an epoch lasts from the
     first start to the last finish (the slower process), and the figure is
-    the median.
+    the median.  An epoch shorter than ``TWO_PROCESS_MIN_SECONDS`` (small
+    samples) is copied several times over in each run, so that the start at
+    the barrier stays a small part of the time.
 
     Parameters
     ----------
@@ -784,6 +795,9 @@ def memcpy_two_process_limit(arrays, batch_size, seed=0, runs=MEMCPY_RUNS, proce
                          "netcl_loader._collate module")
     rng = np.random.default_rng(seed)
     epochs = [_epoch_batches(n, batch_size, rng) for _ in range(runs + 1)]
+    # How many times over each run copies its epoch: from one epoch copied here.
+    probe = _time_epoch(_COPIES[method], arrays, _touched_buffers(arrays, batch_size), epochs[0])
+    repeat = max(1, math.ceil(TWO_PROCESS_MIN_SECONDS * processes / max(probe, 1e-9)))
     ctx = multiprocessing.get_context("fork")  # the children share the arrays' pages
     barrier = ctx.Barrier(processes)
     procs, conns = [], []
@@ -792,7 +806,7 @@ def memcpy_two_process_limit(arrays, batch_size, seed=0, runs=MEMCPY_RUNS, proce
             recv, send = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_two_process_child, name=f"memcpy-limit-{part}",
                             args=(arrays, batch_size, epochs, part, processes, _COPIES[method],
-                                  barrier, send), daemon=True)
+                                  barrier, send, repeat), daemon=True)
             p.start()
             send.close()
             procs.append(p)
@@ -816,11 +830,11 @@ def memcpy_two_process_limit(arrays, batch_size, seed=0, runs=MEMCPY_RUNS, proce
         raise RuntimeError("a memcpy-limit process failed: " + "; ".join(errors))
     walls = [max(r[4][e][1] for r in reports) - min(r[4][e][0] for r in reports)
              for e in range(runs)]
-    wall = float(np.median(walls))
+    wall = float(np.median(walls)) / repeat   # per epoch
     nbytes = sum(int(a.nbytes) for a in arrays)
     return TwoProcessLimit(_gbs(nbytes, wall), -(-n // batch_size) / wall, processes,
                            tuple(r[1] for r in reports), tuple(r[2] for r in reports),
-                           all(r[3] for r in reports), method, runs)
+                           all(r[3] for r in reports), method, runs, repeat)
 
 
 def _copy_gbs(src, dst, reps):
