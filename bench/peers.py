@@ -1,4 +1,12 @@
-"""netcl_loader against its peers on the three scenarios of SPEC section 9, in one run.
+"""netcl_loader against its peers and the machine's memcpy limits, every scenario in one run.
+
+Scenarios (``--scenarios``): ``big`` (float32 (3, 224, 224) views of one
+preloaded array + int label, 2048 samples, batch 64: moving bytes), ``small``
+(uint8 (1, 28, 28) + int label, 60000 samples, batch 128: per-sample
+overhead), ``aug`` (uint8 (256, 256, 3) images, random 224 crop, flip,
+normalise to float32 CHW, 1024 samples, batch 64: CPU work in workers), and
+``big_t``/``small_t``: ``big`` and ``small`` with torch tensors in the dataset
+(built with ``torch.randn``/``torch.randint``).
 
 Loaders compared, each on the same dataset object:
 
@@ -10,9 +18,19 @@ Loaders compared, each on the same dataset object:
   (when ``num_workers > 0``), otherwise its defaults;
 - ``netcl``: netcl's ``netcl.data.dataloader.DataLoader`` (PyPI), with its
   default pipe transport and, with workers, its ``use_shared_mem=True`` ring;
-- ``memcpy``: the machine's limit, a single-threaded ``np.copyto`` of one
-  batch into a preallocated array (median of many copies, sampled before
-  each group of runs).
+- on ``big_t``/``small_t``: the PyTorch face (``netcl_loader.torch``) over the
+  ``TensorDataset`` and over a custom dataset whose ``__getitem__`` returns
+  tensors, the NumPy face, PyTorch's loader and torchdata's
+  ``StatefulDataLoader``; Grain (its Dataset API with ``mp_prefetch``) on
+  the NumPy scenarios, where it is installed;
+- the memcpy limits, sampled next to each group of runs (``x 1-thread`` and
+  ``of 2-proc`` in the table): one thread copying every sample of a shuffled
+  epoch once from the dataset's arrays into a reused batch buffer (the
+  faster of a row copy in Python and one C memcpy per row, both shown: no
+  loader makes the epoch's batches faster in one process), and two forked
+  processes copying disjoint halves of the epoch at once, wall time of the
+  slower (the most 2 workers could deliver); ``aug`` has none (its cost is
+  computing, not copying).
 
 Every run is one warm-up epoch (it starts the worker pool) and ``--epochs``
 measured ones; the training loop does nothing but count the bytes of each
@@ -24,12 +42,15 @@ Usage::
 
     python bench/peers.py                  # all scenarios, workers 0 and 2
     python bench/peers.py --quick          # a smoke run, about 2 minutes on 2 cores
+    python bench/peers.py --quick --samples 512 --flat-epochs 2   # seconds: does it run?
     python bench/peers.py --scenarios big --workers 0 2 4 --epochs 5 --repeats 3 \\
         --png bench/results/peers.png --json bench/results/peers.json
 
-It prints a markdown table of medians and ratios, our loader's memory across
-epochs (main-process RSS and ``/dev/shm``), and writes a PNG chart of
-throughput against ``num_workers``.  A peer that cannot be imported is
+It prints a markdown table of medians and ratios (``--markdown PATH`` also
+writes it with its notes; ``--readme README.md`` puts it between the
+README's ``<!-- peers-table -->`` markers), our loader's memory across epochs
+(main-process RSS and ``/dev/shm``), and writes a PNG chart of throughput
+against ``num_workers`` with both limits.  A peer that cannot be imported is
 reported as skipped.  Exit status 1 when one of our runs failed.
 """
 from __future__ import annotations
@@ -48,7 +69,7 @@ import traceback
 import numpy as np
 
 # --------------------------------------------------------------------------
-# SPEC section 9: the scenarios, exactly.
+# The scenarios, exactly (the project's benchmark contract).
 # --------------------------------------------------------------------------
 
 BIG_SAMPLE = (3, 224, 224)      # float32, views of one preloaded array
@@ -74,9 +95,10 @@ SCENARIOS = ("big", "small", "aug", "big_t", "small_t")
 TORCH_SCENARIOS = ("big_t", "small_t")
 #: Seed of our loader's order and of the data; peers draw their own orders.
 SEED = 0
-#: The memcpy limit: at least this many copies and this long, then the median.
-MEMCPY_MIN_COPIES = 30
-MEMCPY_MIN_SECONDS = 0.3
+#: Measured epochs of each memcpy limit, after a warm-up one (the median counts).
+LIMIT_RUNS = 3
+#: Processes of the multi-process memcpy limit (what 2 workers could reach).
+LIMIT_PROCESSES = 2
 #: How long a loader's worker processes get to exit after it is closed.
 CHILD_EXIT_SECONDS = 5.0
 #: RSS growth (bytes) past the first measured epoch that still counts as flat:
@@ -104,6 +126,22 @@ class ViewDataset:
 
     def __getitem__(self, i):
         return self.data[i], int(self.labels[i])
+
+
+class TensorItemsDataset:
+    """Samples are ``(data[i], labels[i])`` torch tensors from a plain
+    ``__getitem__``: a custom dataset returning tensors, which no loader can
+    gather as rows the way it can a ``TensorDataset`` (big_t, small_t)."""
+
+    def __init__(self, data, labels):
+        self.data = data
+        self.labels = labels
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        return self.data[i], self.labels[i]
 
 
 _rng_state = {"pid": None, "rng": None}
@@ -181,7 +219,7 @@ class Scenario:
         self.ref_batch = ref_batch     # tuple of C-contiguous arrays shaped like one batch
         self.unit = unit               # what the chart plots: "GB/s" or "batches/s"
         # The dataset's own arrays (NumPy views of them for tensors): the
-        # memcpy limit of SPEC section 9 copies a shuffled epoch out of them.
+        # memcpy limits copy a shuffled epoch's rows out of them.
         self.source = source
         self.torch = name in TORCH_SCENARIOS
 
@@ -243,7 +281,9 @@ def make_scenario(name, rng=None, n=None):
         ref = (data[:batch].numpy().copy(), labels[:batch].numpy().copy())
         return Scenario(name, batch, {"plain": torch.utils.data.TensorDataset(data, labels),
                                       # The same memory as NumPy: the NumPy face's figure.
-                                      "numpy": ViewDataset(data.numpy(), labels.numpy())},
+                                      "numpy": ViewDataset(data.numpy(), labels.numpy()),
+                                      # The same tensors through a custom __getitem__.
+                                      "tensors": TensorItemsDataset(data, labels)},
                         ref, "GB/s" if big else "batches/s",
                         source=(data.numpy(), labels.numpy()))
     if name == "aug":
@@ -287,22 +327,6 @@ def shm_bytes():
     except OSError:
         return None
     return (st.f_blocks - st.f_bfree) * st.f_frsize
-
-
-def memcpy_limit(ref_batch):
-    """(GB/s, batches/s) of a single-threaded ``np.copyto`` of one batch, median."""
-    src = [np.ascontiguousarray(a) for a in ref_batch]
-    dst = [np.zeros_like(a) for a in src]  # zeros_like touches every page
-    nbytes = sum(a.nbytes for a in src)
-    times = []
-    t_end = time.perf_counter() + MEMCPY_MIN_SECONDS
-    while len(times) < MEMCPY_MIN_COPIES or time.perf_counter() < t_end:
-        t0 = time.perf_counter()
-        for s, d in zip(src, dst):
-            np.copyto(d, s)
-        times.append(time.perf_counter() - t0)
-    med = statistics.median(times)
-    return nbytes / med / 1e9, 1.0 / med
 
 
 def run_epochs(loader, epochs, memory=False):
@@ -518,6 +542,12 @@ def torch_loader_specs(num_workers, peers):
                    lambda ds, b, w: DataLoader(ds, batch_size=b, shuffle=True, num_workers=w,
                                                seed=SEED),
                    _close_ours, memory=True),
+        # A custom dataset's __getitem__ returning the same tensors.
+        LoaderSpec("ours torch face __getitem__", "ours", "tensors",
+                   lambda ds, b, w: TorchFaceLoader(ds, batch_size=b, shuffle=True,
+                                                    num_workers=w, persistent_workers=pw,
+                                                    seed=SEED),
+                   _close_ours),
         # Per-sample __getitem__ over the same memory as NumPy arrays.
         LoaderSpec("ours numpy __getitem__", "ours", "numpy",
                    lambda ds, b, w: DataLoader(ds, batch_size=b, shuffle=True, num_workers=w,
@@ -605,32 +635,81 @@ def _fmt(x, digits=2):
     return f"{x:.{digits}f}"
 
 
-def limit_gbps(memcpy, memcpy_epoch, sc):
-    """The memcpy limit of a scenario in GB/s: SPEC section 9's (a shuffled epoch
-    copied once) where the scenario has a source array, else the one-batch copy."""
-    for table in (memcpy_epoch or {}, memcpy):
-        if table.get(sc):
-            return statistics.median(m[0] for m in table[sc])
-    return None
+def sample_limits(scenario, seed):
+    """The memcpy limits of ``scenario`` now: ``{"one": MemcpyLimit, "two":
+    TwoProcessLimit}``, or None for a scenario without source arrays (aug)."""
+    from netcl_loader.selftest import memcpy_epoch_limit, memcpy_two_process_limit
+
+    if scenario.source is None:
+        return None
+    return {"one": memcpy_epoch_limit(scenario.source, scenario.batch_size, seed=seed,
+                                      runs=LIMIT_RUNS),
+            "two": memcpy_two_process_limit(scenario.source, scenario.batch_size, seed=seed,
+                                            runs=LIMIT_RUNS, processes=LIMIT_PROCESSES)}
 
 
-def results_table(results, memcpy, scenarios, workers, memcpy_epoch=None):
-    """The markdown table of medians and ratios."""
-    lines = ["| scenario | loader | workers | GB/s | batches/s | x torch | x memcpy | "
-             "start ms | spread |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+def limit_medians(samples):
+    """Medians over the samples of one scenario's limits (None without samples):
+    ``one_gbps`` (the one-thread limit), ``python_gbps``, ``c_gbps``, ``two_gbps``,
+    their batches/s, and whether every sample's two copies were consistent."""
+    samples = [x for x in samples or [] if x is not None]
+    if not samples:
+        return None
+
+    def med(values):
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+
+    one = [x["one"] for x in samples]
+    two = [x["two"] for x in samples]
+    out = {"one_gbps": med(o.gbps for o in one),
+           "one_batches_per_s": med(o.batches_per_s for o in one),
+           "python_gbps": med(o.rows_gbps for o in one),
+           "c_gbps": med(o.c_gbps for o in one),
+           "two_gbps": med(t.gbps for t in two),
+           "two_batches_per_s": med(t.batches_per_s for t in two),
+           "consistent": all(o.consistent for o in one),
+           "verified": all(t.verified for t in two),
+           "samples": len(samples)}
+    # batches/s of the two row copies, from the one-thread figure's bytes per batch.
+    per_batch = out["one_gbps"] / out["one_batches_per_s"]
+    out["python_batches_per_s"] = out["python_gbps"] / per_batch
+    out["c_batches_per_s"] = out["c_gbps"] / per_batch if out["c_gbps"] else None
+    return out
+
+
+TABLE_HEADER = ("| scenario | loader | workers | GB/s | batches/s | x torch | x w=0 | "
+                "x 1-thread | of 2-proc | start ms | spread |")
+
+TABLE_NOTES = (
+    "GB/s and batches/s: median over measured epochs (iter() to the last batch, pool warm); "
+    "x torch: against PyTorch's DataLoader at the same num_workers; x w=0: against the same "
+    "loader at num_workers=0; x 1-thread: against the one-thread memcpy limit (one thread "
+    "copying every sample of a shuffled epoch once into a reused batch buffer: the faster of "
+    "the two row copies above it); of 2-proc: the share of the 2-process limit (two forked "
+    "processes copying disjoint halves of the epoch at once, wall time of the slower: the most "
+    "2 workers could deliver); all ratios of GB/s in the same run. start ms: iter() to the "
+    "first batch with a warm pool (median); spread: half the range of per-epoch GB/s over the "
+    "median.")
+
+
+def results_table(results, limits, scenarios, workers):
+    """The markdown table of medians and ratios; ``limits``: scenario -> limit_medians()."""
+    lines = [TABLE_HEADER, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for sc in scenarios:
-        limit = limit_gbps(memcpy, memcpy_epoch, sc)
-        if memcpy_epoch and memcpy_epoch.get(sc):
-            g = statistics.median(m[0] for m in memcpy_epoch[sc])
-            b = statistics.median(m[1] for m in memcpy_epoch[sc])
-            lines.append(f"| {sc} | memcpy limit (epoch) | - | {_fmt(g)} | {_fmt(b)} | | 1.00 "
-                         f"| | |")
-        if memcpy.get(sc):
-            g = statistics.median(m[0] for m in memcpy[sc])
-            b = statistics.median(m[1] for m in memcpy[sc])
-            lines.append(f"| {sc} | memcpy 1 batch (in L3) | - | {_fmt(g)} | {_fmt(b)} | | "
-                         f"{_fmt(g / limit)} | | |")
+        lim = (limits or {}).get(sc)
+        one = lim["one_gbps"] if lim else None
+        two = lim["two_gbps"] if lim else None
+        if lim:
+            rows = [("memcpy 1 thread, Python rows", lim["python_gbps"],
+                     lim["python_batches_per_s"]),
+                    ("memcpy 1 thread, C memcpy per row", lim["c_gbps"], lim["c_batches_per_s"]),
+                    (f"memcpy {LIMIT_PROCESSES} processes", two, lim["two_batches_per_s"])]
+            for label, g, b in rows:
+                if g is None:
+                    continue
+                lines.append(f"| {sc} | {label} | - | {_fmt(g)} | {_fmt(b)} | | | "
+                             f"{_fmt(g / one)} | {_fmt(g / two)} | | |")
         for w in workers:
             torch = results.get((sc, "torch", w), {}).get("summary")
             for (s, label, ww), res in results.items():
@@ -639,15 +718,62 @@ def results_table(results, memcpy, scenarios, workers, memcpy_epoch=None):
                 summ = res.get("summary")
                 if summ is None:
                     lines.append(f"| {sc} | {label} | {w} | failed: {res.get('error')} "
-                                 f"| | | | | |")
+                                 f"| | | | | | | |")
                     continue
+                zero = results.get((sc, label, 0), {}).get("summary") if w else None
                 x_torch = summ["gbps"] / torch["gbps"] if torch else None
-                x_mem = summ["gbps"] / limit if limit else None
+                x_zero = summ["gbps"] / zero["gbps"] if zero else None
+                x_one = summ["gbps"] / one if one else None
+                of_two = summ["gbps"] / two if two else None
                 lines.append(
                     f"| {sc} | {label} | {w} | {_fmt(summ['gbps'])} | "
-                    f"{_fmt(summ['batches_per_s'])} | {_fmt(x_torch)} | {_fmt(x_mem)} | "
+                    f"{_fmt(summ['batches_per_s'])} | {_fmt(x_torch)} | {_fmt(x_zero)} | "
+                    f"{_fmt(x_one)} | {_fmt(of_two)} | "
                     f"{_fmt(summ['start_ms'], 1)} | {100 * summ['spread']:.0f}% |")
     return "\n".join(lines)
+
+
+def limit_lines(limits):
+    """One line per scenario on its limits' checks (the two copies, the processes)."""
+    out = []
+    for sc, lim in limits.items():
+        if not lim:
+            continue
+        c = "-" if lim["c_gbps"] is None else f"{lim['c_gbps']:.2f}"
+        out.append(f"{sc}: one thread {lim['one_gbps']:.2f} GB/s (Python rows "
+                   f"{lim['python_gbps']:.2f}, C memcpy per row {c}: "
+                   f"{'consistent' if lim['consistent'] else 'INCONSISTENT, Python above C'}); "
+                   f"{LIMIT_PROCESSES} processes {lim['two_gbps']:.2f} GB/s "
+                   f"({lim['two_gbps'] / lim['one_gbps']:.2f}x one thread; rows "
+                   f"{'verified' if lim['verified'] else 'NOT VERIFIED'}); "
+                   f"{lim['samples']} samples")
+    return out
+
+
+README_BEGIN = "<!-- peers-table -->"
+README_END = "<!-- /peers-table -->"
+
+
+def markdown_block(table, limits, mem_rows=(), flat_epochs=0, workers=0):
+    """The table with its notes and the memory flat check, as the README shows them."""
+    notes = "\n".join(f"- {line}" for line in limit_lines(limits))
+    block = f"{table}\n\n{TABLE_NOTES}\n\nThe limits in this run:\n\n{notes}\n"
+    if mem_rows:
+        block += (f"\nMemory over {flat_epochs} epochs (main process RSS and `/dev/shm`, "
+                  f"{workers} workers):\n\n{memory_table(mem_rows)}\n")
+    return block
+
+
+def replace_readme_block(path, block):
+    """Put ``block`` between the README's peers-table markers (which stay)."""
+    with open(path) as f:
+        text = f.read()
+    a, b = text.find(README_BEGIN), text.find(README_END)
+    if a < 0 or b < a:
+        raise ValueError(f"{path} has no {README_BEGIN} ... {README_END} block to replace")
+    text = text[:a + len(README_BEGIN)] + "\n" + block + text[b:]
+    with open(path, "w") as f:
+        f.write(text)
 
 
 def memory_rows(label_records):
@@ -682,8 +808,9 @@ def memory_table(rows):
     return "\n".join(lines)
 
 
-def write_chart(path, results, memcpy, scenarios, workers, unit_of):
-    """Throughput against num_workers, one panel per scenario, one line per loader."""
+def write_chart(path, results, limits, scenarios, workers, unit_of):
+    """Throughput against num_workers, one panel per scenario, one line per loader,
+    and the two memcpy limits as horizontal lines; ``limits``: scenario -> limit_medians()."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -695,7 +822,7 @@ def write_chart(path, results, memcpy, scenarios, workers, unit_of):
                              squeeze=False)
     all_labels = sorted({label for (_s, label, _w) in results},
                         key=lambda l: (not l.startswith("ours"), l))
-    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    cycle = list(plt.get_cmap("tab20").colors)  # more loaders than the default 10 colours
     colour = {label: cycle[i % len(cycle)] for i, label in enumerate(all_labels)}
     for ax, sc in zip(axes[0], scenarios):
         unit = unit_of[sc]
@@ -712,9 +839,13 @@ def write_chart(path, results, memcpy, scenarios, workers, unit_of):
             if xs:
                 style = "-" if label.startswith("ours") else "--"
                 ax.plot(xs, ys, style, marker="o", label=label, color=colour[label])
-        if memcpy.get(sc):
-            limit = statistics.median(m[0 if unit == "GB/s" else 1] for m in memcpy[sc])
-            ax.axhline(limit, color="black", linestyle=":", label="memcpy limit (SPEC 9)")
+        lim = limits.get(sc)
+        if lim:
+            k = "gbps" if unit == "GB/s" else "batches_per_s"
+            ax.axhline(lim[f"one_{k}"], color="black", linestyle=":",
+                       label="memcpy limit, 1 thread")
+            ax.axhline(lim[f"two_{k}"], color="black", linestyle="-.",
+                       label=f"memcpy limit, {LIMIT_PROCESSES} processes")
         ax.set_title(f"{sc}: batch {SCENARIO_BATCH[sc]}")
         ax.set_xlabel("num_workers")
         ax.set_ylabel(unit)
@@ -724,7 +855,7 @@ def write_chart(path, results, memcpy, scenarios, workers, unit_of):
             ax.set_yscale("symlog", linthresh=100)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle("netcl_loader vs peers (median of measured epochs)")
+    fig.suptitle("netcl_loader vs peers and the memcpy limits (median of measured epochs)")
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -766,6 +897,15 @@ def parse_args(argv=None):
                         "badly when other processes compete for the cores)")
     p.add_argument("--quick", action="store_true",
                    help="fewer epochs and repeats: a smoke run, noisy figures")
+    p.add_argument("--samples", type=int, default=None,
+                   help="samples per scenario instead of the scenario's own count (a smoke "
+                        "run at a tiny size; figures then mean nothing)")
+    p.add_argument("--markdown", default="",
+                   help="also write the table, its notes, the limits and the memory check "
+                        "to this markdown file")
+    p.add_argument("--readme", default="",
+                   help="replace the block between <!-- peers-table --> and "
+                        "<!-- /peers-table --> in this file (README.md) with that markdown")
     args = p.parse_args(argv)
     defaults = QUICK_DEFAULTS if args.quick else FULL_DEFAULTS
     for k, v in defaults.items():
@@ -775,6 +915,8 @@ def parse_args(argv=None):
         p.error("--epochs and --repeats must be >= 1, --flat-epochs >= 0")
     if any(w < 0 for w in args.workers):
         p.error("--workers must be >= 0")
+    if args.samples is not None and args.samples < 1:
+        p.error(f"--samples must be >= 1, got {args.samples}")
     args.workers = sorted(set(args.workers))
     return args
 
@@ -784,7 +926,6 @@ def main(argv=None):
     t_start = time.perf_counter()
     peers, skipped = _import_peers()
     import netcl_loader
-    from netcl_loader.selftest import memcpy_epoch_limit
 
     if "torch" in peers and args.torch_threads:
         sys.modules["torch"].set_num_threads(args.torch_threads)
@@ -803,20 +944,23 @@ def main(argv=None):
     scenarios = {}
     for name in args.scenarios:
         t0 = time.perf_counter()
-        scenarios[name] = make_scenario(name)
+        scenarios[name] = make_scenario(name, n=args.samples)
         print(f"# built {name} in {time.perf_counter() - t0:.1f} s", flush=True)
 
     results = {}   # (scenario, label, workers) -> {"records": [...], "error", "stray"}
-    memcpy = {name: [] for name in args.scenarios}        # one batch again and again (L3)
-    memcpy_epoch = {name: [] for name in args.scenarios}  # SPEC section 9's limit
+    limit_samples = {name: [] for name in args.scenarios}  # sample_limits() per group of runs
     failed_ours = False
     for rep in range(args.repeats):
         for name, sc in scenarios.items():
             for w in args.workers:
-                # Sampled next to the runs it is compared with, as the load drifts.
-                memcpy[name].append(memcpy_limit(sc.ref_batch))
-                if sc.source is not None:
-                    memcpy_epoch[name].append(memcpy_epoch_limit(sc.source, sc.batch_size, seed=SEED))
+                # Sampled next to the runs they are compared with, as the load drifts.
+                t0 = time.perf_counter()
+                lim = sample_limits(sc, SEED + rep)
+                limit_samples[name].append(lim)
+                if lim is not None:
+                    print(f"# rep {rep} {name} w={w} limits: one thread {lim['one'].gbps:.2f} "
+                          f"GB/s, {LIMIT_PROCESSES} processes {lim['two'].gbps:.2f} GB/s: "
+                          f"{time.perf_counter() - t0:.1f} s", flush=True)
                 specs = loader_specs(sc, w, peers)
                 k = rep % len(specs)
                 for spec in specs[k:] + specs[:k]:   # rotate: nobody always runs first
@@ -867,13 +1011,14 @@ def main(argv=None):
                            for recs in res["runs"]])
     mem_rows = memory_rows(flat_runs)
 
-    table = results_table(results, memcpy, args.scenarios, args.workers, memcpy_epoch)
+    limits = {name: limit_medians(v) for name, v in limit_samples.items()}
+    table = results_table(results, limits, args.scenarios, args.workers)
     print()
     print(table)
     print()
-    print("GB/s and batches/s: median over measured epochs (iter() to the last batch, pool warm); "
-          "x torch, x memcpy: GB/s ratios in the same run; start ms: iter() to the first batch "
-          "with a warm pool (median); spread: half the range of per-epoch GB/s over the median.")
+    print(TABLE_NOTES)
+    for line in limit_lines(limits):
+        print(f"limits: {line}")
     if mem_rows:
         print()
         print(memory_table(mem_rows))
@@ -891,9 +1036,18 @@ def main(argv=None):
 
     unit_of = {name: sc.unit for name, sc in scenarios.items()}
     if args.png:
-        limits = {k: memcpy_epoch[k] or memcpy[k] for k in memcpy}
         if write_chart(args.png, results, limits, args.scenarios, args.workers, unit_of):
             print(f"chart: {args.png}")
+    if args.markdown or args.readme:
+        block = markdown_block(table, limits, mem_rows, args.flat_epochs, max(args.workers))
+        if args.markdown:
+            os.makedirs(os.path.dirname(os.path.abspath(args.markdown)), exist_ok=True)
+            with open(args.markdown, "w") as f:
+                f.write(block)
+            print(f"markdown: {args.markdown}")
+        if args.readme:
+            replace_readme_block(args.readme, block)
+            print(f"readme: the table in {args.readme} replaced")
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         out = {
@@ -901,10 +1055,11 @@ def main(argv=None):
             "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                         "python": platform.python_version(), "numpy": np.__version__},
             "skipped": skipped,
-            "memcpy": {k: [{"gbps": g, "batches_per_s": b} for g, b in v]
-                       for k, v in memcpy.items()},
-            "memcpy_epoch": {k: [{"gbps": g, "batches_per_s": b} for g, b in v]
-                             for k, v in memcpy_epoch.items()},
+            "limits": limits,
+            "limit_samples": {k: [None if x is None else {"one": x["one"]._asdict(),
+                                                          "two": x["two"]._asdict()}
+                                  for x in v]
+                              for k, v in limit_samples.items()},
             "results": [{"scenario": s, "loader": label, "workers": w, **res}
                         for (s, label, w), res in results.items()],
             "memory": mem_rows,
