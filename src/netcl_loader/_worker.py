@@ -18,6 +18,8 @@ from ._protocol import (BATCH, END, ENTRY_KIND_MASK, ENTRY_NO_ROOM, ENTRY_PIPED_
                         ENTRY_REMAP, ENTRY_SLOT_MASK, ENTRY_STOP, ENTRY_TASK, ERROR, ERROR_END,
                         FLAG_PICKLED_INDICES, TASK_HEADER, Result, dumps, error_record, recv_fd)
 from ._ring import CANCELLED, GROW, PIPED
+from ._seed import batch_seed, fast_rngs
+from ._tree import torch_sample_structure, torch_structure
 from .shared_batch import SlotFull, SlotWriter
 
 __all__ = ["WorkerInfo", "get_worker_info", "build_batch", "worker_seed"]
@@ -85,17 +87,9 @@ def _mix64(x):
     return x ^ (x >> 31)
 
 
-def batch_seed(base_seed, epoch, batch_index, rank=None):
-    """The 63-bit seed of batch ``batch_index`` of ``epoch`` (``worker_seeding="batch"``).
-
-    Pure integer arithmetic, cheap enough to run before every batch: the seed
-    depends on nothing but its arguments, so a batch's random transforms are
-    the same for every ``num_workers`` and after a resume.
-    """
-    h = _mix64((base_seed & _MASK64) ^ 0x9E3779B97F4A7C15)
-    for word in (epoch, batch_index) if rank is None else (epoch, batch_index, rank + 1):
-        h = _mix64(h ^ ((word & _MASK64) * 0x9E3779B97F4A7C15 & _MASK64))
-    return h >> 1
+# batch_seed(base_seed, epoch, batch_index, rank=None): the 63-bit seed of a
+# batch, compiled (_seed): SplitMix64's finaliser over the base seed, the
+# epoch, the batch index and the rank + 1 (when sharded).
 
 
 def worker_seed(base_seed, worker_id, generation=0):
@@ -117,8 +111,13 @@ def seed_everything(seed):
     NumPy's legacy seed takes 32 bits: it gets the seed's low 32 bits, as
     PyTorch's workers give it a 32-bit word too.
     """
-    random.seed(seed)
-    np.random.seed(seed & 0xFFFFFFFF)
+    fast = fast_rngs()
+    if fast is not None and 0 <= seed <= _MASK64:
+        fast.seed(seed)  # the same words as the two calls below, in a few µs
+        random._inst.gauss_next = None
+    else:
+        random.seed(seed)
+        np.random.seed(seed & 0xFFFFFFFF)
     torch = sys.modules.get("torch")
     if torch is not None:
         try:
@@ -141,14 +140,23 @@ class RngStates:
     __slots__ = ("py", "np", "torch")
 
     def __init__(self):
-        self.py = random.getstate()
-        self.np = np.random.get_state()
+        fast = fast_rngs()
+        if fast is not None:
+            # The Mersenne Twisters' words copied (random.getstate and
+            # np.random.get_state build 624-word objects: ~100 µs).
+            self.py, self.np = fast.save(), random._inst.gauss_next
+        else:
+            self.py, self.np = random.getstate(), np.random.get_state()
         torch = sys.modules.get("torch")
         self.torch = torch.default_generator.get_state() if torch is not None else None
 
     def restore(self):
-        random.setstate(self.py)
-        np.random.set_state(self.np)
+        if type(self.py) is bytes:
+            fast_rngs().restore(self.py)
+            random._inst.gauss_next = self.np
+        else:
+            random.setstate(self.py)
+            np.random.set_state(self.np)
         torch = sys.modules.get("torch")
         if torch is not None and self.torch is not None:
             torch.default_generator.set_state(self.torch)
@@ -308,10 +316,10 @@ class BatchMaker:
 
     __slots__ = ("dataset", "collate_fn", "transforms", "batched", "batch_size", "drop_last",
                  "iterable", "seed_batches", "base_seed", "rank", "stream", "stream_token",
-                 "columns", "times", "wants_seed", "key", "skipped")
+                 "columns", "times", "wants_seed", "key", "skipped", "torch_rules")
 
     def __init__(self, dataset, collate_fn, transforms, batched, batch_size, drop_last, iterable,
-                 seeding, base_seed, rank):
+                 seeding, base_seed, rank, torch_rules=False):
         self.dataset = dataset
         self.collate_fn = collate_fn
         self.transforms = tuple(transforms)
@@ -334,6 +342,9 @@ class BatchMaker:
         self.wants_seed = bool(getattr(dataset, "_netcl_batch_seed", False))
         self.key = None       # the next batch's seed, for a dataset that wants it
         self.skipped = 0      # samples the dataset replaced in the last batch
+        # The PyTorch face: batches as default_collate makes them, samples
+        # (batch_size=None) as default_convert shapes them.
+        self.torch_rules = torch_rules
 
     def seed(self, epoch, seq):
         """Seed the RNGs for batch ``seq`` of ``epoch``; returns the seed, or None when not seeding."""
@@ -383,12 +394,14 @@ class BatchMaker:
         elif self.batched:
             idx = None if self.iterable else (
                 indices.tolist() if isinstance(indices, np.ndarray) else list(indices))
-            batch = collate(list(samples), idx, alloc)
+            batch = collate(list(samples), idx, alloc, self.torch_rules)
         else:
             batch = samples
         t2 = clock()
         for t in self.transforms:
             batch = t(*batch) if isinstance(batch, tuple) else t(batch)
+        if self.torch_rules and self.collate_fn is None:
+            batch = torch_structure(batch) if self.batched else torch_sample_structure(batch)
         self.times = (t1 - t0, t2 - t1, clock() - t2)
         return batch
 
@@ -470,6 +483,7 @@ class WorkerConfig(NamedTuple):
     drop_last: bool             # iterable-style: drop each stream's last, smaller batch
     iterable: bool
     generation: int             # pools the loader started before this one
+    torch_rules: bool = False   # batches and samples shaped as PyTorch's loader shapes them
 
 
 class _Stop(Exception):
@@ -647,7 +661,7 @@ def worker_loop(config, conn, ring, lifeline):
     maker = BatchMaker(config.dataset, config.collate_fn, config.transforms, config.batched,
                        config.batch_size,
                        config.drop_last, config.iterable, config.seeding, config.base_seed,
-                       config.rank if config.distributed else None)
+                       config.rank if config.distributed else None, config.torch_rules)
     # Seeded once at start in both modes (PyTorch's way), before worker_init_fn,
     # so that seeding done there holds; "batch" seeds again before each batch.
     seed = worker_seed(config.base_seed, worker_id, config.generation)
