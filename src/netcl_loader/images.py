@@ -235,14 +235,15 @@ def _pillow_rgb(data, name):
                           f"or pip install 'netcl-loader[images]'") from exc
     try:
         with Image.open(io.BytesIO(data)) as img:
-            rgb = img.convert("RGB")
+            img.load()
+            rgb = img if img.mode == "RGB" else img.convert("RGB")
+            return np.asarray(rgb)
     except UnidentifiedImageError:
         head = bytes(data[:_SHOWN_BYTES])
         raise ImageFileError(f"{name}: not an image (its {len(data)} bytes start with "
                              f"{head!r}, which no decoder recognises)") from None
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
         raise ImageFileError(f"{name}: truncated or corrupt image data ({exc})") from None
-    return np.asarray(rgb)
 
 
 # --------------------------------------------------------------------------
