@@ -662,20 +662,19 @@ def limit_medians(samples):
 
     one = [x["one"] for x in samples]
     two = [x["two"] for x in samples]
-    out = {"one_gbps": med(o.gbps for o in one),
-           "one_batches_per_s": med(o.batches_per_s for o in one),
-           "python_gbps": med(o.rows_gbps for o in one),
-           "c_gbps": med(o.c_gbps for o in one),
-           "two_gbps": med(t.gbps for t in two),
-           "two_batches_per_s": med(t.batches_per_s for t in two),
-           "consistent": all(o.consistent for o in one),
-           "verified": all(t.verified for t in two),
-           "samples": len(samples)}
-    # batches/s of the two row copies, from the one-thread figure's bytes per batch.
-    per_batch = out["one_gbps"] / out["one_batches_per_s"]
-    out["python_batches_per_s"] = out["python_gbps"] / per_batch
-    out["c_batches_per_s"] = out["c_gbps"] / per_batch if out["c_gbps"] else None
-    return out
+    per_batch = one[0].gbps / one[0].batches_per_s   # GB per batch: the same in every sample
+    python_gbps = med(o.rows_gbps for o in one)
+    c_gbps = med(o.c_gbps for o in one)
+    # The limit is the faster of the two copies' medians (as each sample's is of its own).
+    one_gbps = max(python_gbps, c_gbps or 0.0)
+    two_gbps = med(t.gbps for t in two)
+    return {"one_gbps": one_gbps, "one_batches_per_s": one_gbps / per_batch,
+            "python_gbps": python_gbps, "python_batches_per_s": python_gbps / per_batch,
+            "c_gbps": c_gbps, "c_batches_per_s": c_gbps / per_batch if c_gbps else None,
+            "two_gbps": two_gbps, "two_batches_per_s": two_gbps / per_batch,
+            "consistent": all(o.consistent for o in one),
+            "verified": all(t.verified for t in two),
+            "samples": len(samples)}
 
 
 TABLE_HEADER = ("| scenario | loader | workers | GB/s | batches/s | x torch | x w=0 | "
@@ -746,7 +745,7 @@ def limit_lines(limits):
                    f"{LIMIT_PROCESSES} processes {lim['two_gbps']:.2f} GB/s "
                    f"({lim['two_gbps'] / lim['one_gbps']:.2f}x one thread; rows "
                    f"{'verified' if lim['verified'] else 'NOT VERIFIED'}); "
-                   f"{lim['samples']} samples")
+                   f"median of {lim['samples']} sample{'s' if lim['samples'] != 1 else ''}")
     return out
 
 
@@ -754,10 +753,12 @@ README_BEGIN = "<!-- peers-table -->"
 README_END = "<!-- /peers-table -->"
 
 
-def markdown_block(table, limits, mem_rows=(), flat_epochs=0, workers=0):
-    """The table with its notes and the memory flat check, as the README shows them."""
+def markdown_block(table, limits, mem_rows=(), flat_epochs=0, workers=0, run=""):
+    """The table with its notes and the memory flat check, as the README shows them;
+    ``run`` says what ran where (versions, repeats)."""
     notes = "\n".join(f"- {line}" for line in limit_lines(limits))
-    block = f"{table}\n\n{TABLE_NOTES}\n\nThe limits in this run:\n\n{notes}\n"
+    block = (f"Run: {run}.\n\n" if run else "") + table
+    block += f"\n\n{TABLE_NOTES}\n\nThe limits in this run:\n\n{notes}\n"
     if mem_rows:
         block += (f"\nMemory over {flat_epochs} epochs (main process RSS and `/dev/shm`, "
                   f"{workers} workers):\n\n{memory_table(mem_rows)}\n")
@@ -947,11 +948,12 @@ def main(argv=None):
     print(f"# netcl_loader {netcl_loader.__version__} vs peers: scenarios {args.scenarios}, "
           f"workers {args.workers}, {args.epochs} measured epochs after 1 warm-up, "
           f"{args.repeats} repeats")
-    print(f"# {platform.platform()}, Python {platform.python_version()}, numpy {np.__version__}, "
-          f"{os.cpu_count()} CPUs" + "".join(
-              f", {name} {_version(name)}" for name in ("torch", "netcl", "torchdata", "grain") if name in peers)
-          + (f" ({sys.modules['torch'].get_num_threads()} intra-op threads)" if "torch" in peers
-             else ""))
+    machine = (f"{os.cpu_count()} CPUs, Python {platform.python_version()}, NumPy {np.__version__}"
+               + "".join(f", {name} {_version(name)}"
+                         for name in ("torch", "netcl", "torchdata", "grain") if name in peers)
+               + (f" ({sys.modules['torch'].get_num_threads()} intra-op threads)"
+                  if "torch" in peers else ""))
+    print(f"# {platform.platform()}, {machine}")
     for name, why in skipped.items():
         print(f"# skipped peer {name}: {why}")
 
@@ -1053,7 +1055,11 @@ def main(argv=None):
         if write_chart(args.png, results, limits, args.scenarios, args.workers, unit_of):
             print(f"chart: {args.png}")
     if args.markdown or args.readme:
-        block = markdown_block(table, limits, mem_rows, args.flat_epochs, max(args.workers))
+        run = (f"netcl_loader {netcl_loader.__version__}; {machine}; {args.repeats} repeats of "
+               f"{args.epochs} measured epochs after a warm-up one"
+               + (f"; {args.samples} samples per scenario (a smoke run)" if args.samples else "")
+               + "; skipped: " + (", ".join(skipped) or "none"))
+        block = markdown_block(table, limits, mem_rows, args.flat_epochs, max(args.workers), run)
         if args.markdown:
             os.makedirs(os.path.dirname(os.path.abspath(args.markdown)), exist_ok=True)
             with open(args.markdown, "w") as f:
