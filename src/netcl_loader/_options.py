@@ -63,7 +63,7 @@ def check_nonnegative_int_or_none(name, value):
     return int(value)
 
 
-#: What batches are made of (SPEC section 10): None keeps tensors tensors and
+#: What batches are made of (the output keyword): None keeps tensors tensors and
 #: arrays arrays; "numpy" and "torch" turn every leaf into one kind.
 OUTPUTS = (None, "numpy", "torch")
 
