@@ -19,11 +19,12 @@ import numpy as np
 
 import netcl_loader
 
-#: Seconds a process gets to exit before a test calls it left behind (SPEC §5: 5 s).
+#: Seconds a process gets to exit before a test calls it left behind: workers and
+#: orphans must be gone within 5 s of their parent's death.
 EXIT_WAIT_SECONDS = 5.0
 #: Hard bound on one child program: a hang fails the test instead of the run.
 CHILD_TIMEOUT_SECONDS = 60
-#: Seconds the launcher keeps watching after the kill (past the 5 s of SPEC §5,
+#: Seconds the launcher keeps watching after the kill (past those 5 s,
 #: so that a late exit is measured, not just called a failure).
 WATCH_SECONDS = EXIT_WAIT_SECONDS + 3.0
 
@@ -423,7 +424,8 @@ def printed(report, key):
 
 
 def assert_nothing_left(report):
-    """SPEC §5 on a report of run_killed: every orphan gone within 5 s, the ring with them."""
+    """The rule for a killed main process, on a report of run_killed: every orphan
+    gone within 5 s, the ring with them."""
     assert report["killed"] and report["main_returncode"] == -signal.SIGKILL, \
         "\n".join(report["stdout"] + report["stderr"])
     workers = [int(p) for p in printed(report, "PIDS")]
