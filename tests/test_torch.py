@@ -1,4 +1,4 @@
-"""The PyTorch face and tensor batches (SPEC §4, §10, §11), with torch.utils.data as the oracle.
+"""The PyTorch face, tensor batches, seeding and iterable datasets, with torch.utils.data as the oracle.
 
 Most tests run the same dataset through ``netcl_loader.torch.DataLoader`` and
 PyTorch's own ``torch.utils.data.DataLoader`` and compare the batches
@@ -311,7 +311,7 @@ def test_strings_in_a_tuple_sample_are_a_tuple_as_default_collate_makes_them():
 
 
 def test_mapping_samples_keep_their_type():
-    """SPEC §10: dicts keep their type (default_collate rebuilds the Mapping's own type)."""
+    """Dicts keep their type, as default_collate rebuilds the Mapping's own type."""
     ds = [collections.OrderedDict(b=i, a=float(i)) for i in range(6)]
     want = pytorch_batches(ds, batch_size=BATCH)
     got = face_batches(ds, batch_size=BATCH, num_workers=2)
@@ -854,7 +854,7 @@ def test_subset_takes_a_slice(num_workers):
     assert_same_batches(face_batches(sub, batch_size=BATCH, num_workers=num_workers), want)
 
 
-# -- iterable-style datasets (SPEC §11) ----------------------------------------------------
+# -- iterable-style datasets ------------------------------------------------------------
 
 @pytest.mark.parametrize("face", [NetclLoader, TorchLoader], ids=["netcl", "torch"])
 @pytest.mark.parametrize("kw", [
@@ -1024,7 +1024,7 @@ class TorchWork:
 
 def test_torch_in_parent_and_in_workers_does_not_deadlock():
     # The parent's thread pool is up before the workers are forked: a worker
-    # that used it would deadlock (SPEC §4: workers set torch.set_num_threads(1)).
+    # that used it would deadlock, so workers set torch.set_num_threads(1).
     x = torch.randn(256, 256)
     (x @ x).sum().item()
     with NetclLoader(TorchWork(), batch_size=2, shuffle=False, num_workers=2,
@@ -1051,7 +1051,7 @@ def test_the_engine_never_imports_torch_itself():
     out = subprocess.run([sys.executable, "-c", NO_TORCH_PROGRAM], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "False", "netcl_loader imported torch (SPEC §10)"
+    assert out.stdout.strip() == "False", "importing netcl_loader must not import torch"
 
 
 # -- workers' random streams under worker_seeding="worker" --------------------------------
