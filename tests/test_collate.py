@@ -1,4 +1,4 @@
-"""Collation (SPEC §3): the compiled collate, directly and through the loader's workers."""
+"""Collation: the compiled collate, directly and through the loader's workers."""
 import collections
 import re
 import sys
@@ -106,7 +106,7 @@ def test_scalars_become_arrays_of_their_dtype(values, dtype):
 
 
 def test_python_int_is_int64_on_every_platform():
-    # np.array([1]) is int32 on Windows with NumPy < 2; SPEC says int64.
+    # np.array([1]) is int32 on Windows with NumPy < 2; Python ints must collate to int64.
     assert collate([1, 2]).dtype == np.int64
 
 
@@ -521,7 +521,7 @@ def test_big_endian_and_unusual_layouts_stack_as_np_stack_with_the_dtype_kept(dt
     assert batch.flags.c_contiguous
 
 
-# -- torch tensors (SPEC §10) ---------------------------------------------------------
+# -- torch tensors ---------------------------------------------------------------------
 
 TENSOR_DTYPE_NAMES = ["bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32",
                       "uint64", "float16", "bfloat16", "float32", "float64", "complex32",
@@ -666,7 +666,7 @@ def test_netcl_loader_never_imports_torch_itself():
 
 @pytest.mark.parametrize("num_workers, shared", [(0, True), (2, True), (2, False)])
 def test_dict_subclass_samples_keep_their_type(num_workers, shared):
-    # As torch's default_collate rebuilds a Mapping (SPEC §10: dicts keep their type).
+    # Dicts keep their type, as torch's default_collate rebuilds a Mapping.
     samples = [collections.OrderedDict(b=np.full(2, i, np.float32), a=i) for i in range(4)]
     direct = collate(samples)
     batches = load_all(samples, 2, num_workers=num_workers, use_shared_mem=shared)
