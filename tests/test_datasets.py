@@ -1,4 +1,4 @@
-"""Datasets (SPEC §2): ArrayDataset, __getitems__, Subset and random_split."""
+"""Datasets: ArrayDataset, __getitems__, Subset and random_split."""
 import os
 
 import time
