@@ -14,7 +14,7 @@ cl_array = pytest.importorskip("pyopencl.array")
 G = pytest.importorskip("netcl_loader.augment_gpu")
 
 F32 = np.float32
-RTOL = 1e-5  # SPEC section 7: CPU and GPU agree within 1e-5, relative
+RTOL = 1e-5  # CPU and GPU results must agree within 1e-5, relative
 
 
 def assert_agree(gpu, cpu):
