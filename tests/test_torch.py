@@ -1,4 +1,4 @@
-"""The PyTorch face, tensor batches, seeding and iterable datasets, with torch.utils.data as the oracle.
+"""The PyTorch face, tensor batches, seeding, iterable datasets; torch.utils.data is the oracle.
 
 Most tests run the same dataset through ``netcl_loader.torch.DataLoader`` and
 PyTorch's own ``torch.utils.data.DataLoader`` and compare the batches
