@@ -1,4 +1,4 @@
-"""Adverse conditions (SPEC §5): bad arguments, failing datasets, dying workers, timeouts, teardown.
+"""Adverse conditions: bad arguments, failing datasets, dying workers, timeouts, teardown.
 
 Tests that kill processes run their loader in a child interpreter with a hard
 timeout, so that a hang or a stray process cannot take the test run with it.
@@ -17,7 +17,7 @@ from procs import Rows, Slow, gone, results, run_child, wait_gone
 
 #: Seconds one batch may take before a test fails instead of hanging.
 BATCH_TIMEOUT_SECONDS = 30
-#: Seconds a dead worker may take to be reported (SPEC §5: within 2 s), plus
+#: Seconds a dead worker may take to be reported (the rule: within 2 s), plus
 #: slack for a loaded two-core machine.  A bound against hangs, not a speed test.
 DEATH_REPORT_SECONDS = 4.0
 
@@ -92,8 +92,8 @@ class OnlyLen:
         return 3
 
 
-# Not here, because valid: batch_size=None (no batching, SPEC §10), timeout=0 (no
-# timeout, §4), and a generator as dataset (iterable-style, §11).
+# Not here, because valid: batch_size=None (no batching: samples as they are),
+# timeout=0 (no timeout), and a generator as dataset (iterable-style).
 BAD_ARGUMENTS = [
     # id, kwargs, exception types allowed, (argument named, value shown)
     ("batch_size=0", dict(batch_size=0), ValueError, "batch_size", "0"),
@@ -655,7 +655,7 @@ def test_a_worker_that_cannot_map_a_grown_slot_raises_shared_memory_error():
 
 def test_fork_after_a_multithreaded_torch_op_does_not_hang():
     """A thread pool the parent ran before fork is not in the child: workers must run
-    torch single-threaded (SPEC §4) or the first torch op there deadlocks."""
+    torch single-threaded (torch.set_num_threads(1)) or the first torch op there deadlocks."""
     pytest.importorskip("torch")
     code = """
         import torch
