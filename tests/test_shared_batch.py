@@ -424,7 +424,7 @@ def test_zero_size_arrays_go_through_a_slot(mode):
         assert got[0].shape == (4, 0) and got[0].dtype == np.float32
 
 
-# -- torch tensors in slots (SPEC §10) ------------------------------------------------
+# -- torch tensors in slots ----------------------------------------------------------
 
 def _torch():
     return pytest.importorskip(
