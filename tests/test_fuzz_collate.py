@@ -1,4 +1,5 @@
-"""Collation fuzzed (SPEC §3, §4, §10): generated sample structures against np.stack, and every transport.
+"""Collation fuzzed: generated sample structures (arrays, tensors, scalars, nested
+containers) against np.stack, and every transport.
 
 Hypothesis draws a sample *structure* (nested tuples, lists and dicts whose
 leaves are arrays of every dtype family and layout, NumPy scalars, Python
@@ -158,7 +159,8 @@ def make_sample(spec, rng):
 
 
 def reference(spec, samples):
-    """The batch SPEC §3 promises, made with np.stack and friends."""
+    """The batch collation promises (leaves stacked on a new axis 0, containers kept),
+    made with np.stack and friends."""
     kind = spec[0]
     if kind == "tuple":
         return tuple(reference(c, [s[i] for s in samples]) for i, c in enumerate(spec[1]))
@@ -167,7 +169,7 @@ def reference(spec, samples):
     if kind == "dict":
         return {k: reference(c, [s[k] for s in samples]) for k, c in spec[1]}
     if kind == "array":
-        # np.stack gives the native byte order; SPEC §3 keeps the dtype.
+        # np.stack gives the native byte order; collation keeps the dtype as it is.
         return np.stack(samples).astype(samples[0].dtype, copy=False)
     if kind == "tensor":
         return torch.stack(samples)
