@@ -1,4 +1,4 @@
-"""GPU prefetch through the loader (SPEC section 6), on the OpenCL device present (PoCL on CI)."""
+"""GPU prefetch through the loader, on the OpenCL device present (PoCL on CI)."""
 import os
 import subprocess
 import sys
