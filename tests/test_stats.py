@@ -1,4 +1,4 @@
-"""loader.stats (SPEC section 4): counters, the wait/wall split, its one-line summary."""
+"""loader.stats: counters, the wait/wall split, its one-line summary."""
 import json
 import os
 import re
