@@ -1,4 +1,4 @@
-"""DataLoader (SPEC §3-§4): order, batching, samplers, transforms, workers, seeds, lifetime."""
+"""DataLoader: order, batching, samplers, transforms, workers, seeds, lifetime."""
 import gc
 import os
 import random
