@@ -118,7 +118,7 @@ def test_collected_loader_ends_its_workers():
     assert "ALIVE []" in out.stdout
 
 
-# -- the main process SIGKILLed, watched from a subreaper (SPEC §5) ------------------
+# -- the main process SIGKILLed, watched from a subreaper: its workers gone within 5 s --
 #
 # Each program prints its workers' pids and then KILL, at the moment it is to
 # die; the launcher (tests/procs.py) kills it then, and, being the orphans'
@@ -190,7 +190,7 @@ KILL_PROGRAMS = {
     """,
     # The pool started by a thread other than the main one: no parent-death
     # signal (it would fire when that thread ends).  Each task after the first
-    # sleeps 6 s, past SPEC's 5 s: the lifeline's watchdog must end the workers
+    # sleeps 6 s, past the 5 s the workers have to exit: the lifeline's watchdog must end them
     # mid-task.
     "pool-from-thread": """
         if __name__ == "__main__":
