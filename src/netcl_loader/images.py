@@ -28,6 +28,7 @@ import operator
 import os
 import re
 import tarfile
+import threading
 import warnings
 
 import numpy as np
@@ -156,10 +157,11 @@ def _use_compiled():
 
 
 class _Process:
-    """What one process keeps for reading and decoding: its decoder, its read
-    buffer and its open tar shards.  Owned by the process that made it: a
-    forked child finds another pid and makes its own (nothing of a parent's
-    decoder or descriptors is shared)."""
+    """What one thread of one process keeps for reading and decoding: its
+    decoder, its read buffer and its open tar shards.  Owned by the thread that
+    made it (the decoder releases the GIL, so two threads must not share a
+    buffer); a forked child finds another pid and makes its own, nothing of a
+    parent's decoder or descriptors is used there."""
 
     __slots__ = ("pid", "decoder", "buf", "shards")
 
@@ -181,14 +183,13 @@ class _Process:
         return self.buf
 
 
-_process = None
+_local = threading.local()
 
 
 def _here():
-    global _process
-    p = _process
+    p = getattr(_local, "process", None)
     if p is None or p.pid != os.getpid():
-        p = _process = _Process()
+        p = _local.process = _Process()
     return p
 
 
@@ -648,11 +649,25 @@ class ImageFiles(_ImageDataset):
         ``output="float32"`` gives ``(v / 255 - mean) / std``; both None: ``v / 255``.
     output : {"float32", "uint8"}, default "float32"
         ``"uint8"``: CHW uint8, not normalised (to normalise on the device).
+    extensions : optional
+        Not used: every path given is read (the keyword is shared with
+        :class:`ImageFolder`).
     on_error : {"raise", "skip"}, default "raise"
         A missing, empty, truncated or non-image file raises an error naming it
-        (from the loader's ``next()``), or is replaced by the next readable
-        file in dataset order (index ``i + 1``, ``i + 2``, ... wrapping around),
-        counted in ``loader.stats.skipped``.
+        (from the loader's ``next()``: ``FileNotFoundError`` or another
+        ``OSError``, or :class:`ImageFileError`), or is replaced by the next
+        readable file in dataset order (index ``i + 1``, ``i + 2``, ...
+        wrapping around) with the same random crop draws, counted in
+        ``loader.stats.skipped``.  Which file replaces it depends only on the
+        dataset, so every ``num_workers`` and a resumed epoch give the same.
+
+    Notes
+    -----
+    A sample is ``(image, label)``: ``image`` float32 ``(3, H, W)``
+    normalised (``output="float32"``) or uint8 ``(3, H, W)``
+    (``output="uint8"``; ``mean``/``std`` then unused).  In a loader the
+    random crop and flip come from the batch's seed; outside one
+    (``dataset[i]``), from NumPy's global RNG.
     """
 
     def __init__(self, paths, labels, crop=_DEFAULT_CROP, flip=0.5, mean=(0.485, 0.456, 0.406),
@@ -668,7 +683,9 @@ class ImageFiles(_ImageDataset):
         if len(targets) != len(names):
             raise ValueError(f"ImageFiles: {len(names)} paths but {len(targets)} labels; "
                              f"give one label per path")
-        self.extensions = extensions   # kept for the signature; every path given is read
+        # Accepted so that the three datasets take the same keywords; every
+        # path given is read, whatever its name.
+        self.extensions = extensions
         self._names = _FileNames("", names)
         del names
         self.targets = targets
