@@ -190,8 +190,8 @@ KILL_PROGRAMS = {
     """,
     # The pool started by a thread other than the main one: no parent-death
     # signal (it would fire when that thread ends).  Each task after the first
-    # sleeps 6 s, past the 5 s the workers have to exit: the lifeline's watchdog must end them
-    # mid-task.
+    # sleeps 6 s, past the 5 s the workers have to exit: the lifeline's
+    # watchdog must end them mid-task.
     "pool-from-thread": """
         if __name__ == "__main__":
             loader = DataLoader(SlowAfter(400, fast_below=2, seconds=3.0), batch_size=2,
