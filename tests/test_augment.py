@@ -1,4 +1,4 @@
-"""netcl_loader.augment: flip, colour jitter and cutout in NumPy, and the fused C image primitive."""
+"""netcl_loader.augment: flip, colour jitter and cutout in NumPy; the fused C image primitive."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
