@@ -9,7 +9,7 @@ Three measures, each the median of ``--rounds`` timeit runs:
 * ``in_process``: the same plus saving the caller's states before and
   restoring them after (``num_workers=0``), compiled against
   ``getstate``/``setstate``.
-* ``loader``: a whole in-process epoch of SPEC's ``small`` shape through a
+* ``loader``: a whole in-process epoch of small samples through a
   dataset that runs user code (so batches are seeded), with
   ``worker_seeding="batch"`` against ``"worker"`` (which seeds nothing per
   batch); the difference per batch is what seeding costs the loop.
@@ -63,7 +63,7 @@ def compiled_in_process(seed):
 
 
 class SmallUserCode:
-    """SPEC's 'small' samples (3x32x32 float32, an int64 label) from user code."""
+    """Small samples (3x32x32 float32, an int64 label) from user code."""
 
     def __init__(self, n):
         self.x = np.random.default_rng(0).random((n, 3, 32, 32), dtype=np.float32)
