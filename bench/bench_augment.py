@@ -5,7 +5,7 @@ Run: ``python -m pytest bench/bench_augment.py --benchmark-columns=median,ops``.
 GPU group (on the first OpenCL device, PoCL's CPU device without a GPU): the
 fused flip + jitter + cutout call against the three separate calls and
 against the NumPy versions. CPU group: ``crop_flip_normalize`` against the
-NumPy crop/flip/normalise of SPEC section 9's ``aug`` scenario.
+NumPy crop/flip/normalise of the ``aug`` scenario of ``peers.py``.
 
 Each benchmark stores in ``extra_info`` the bytes it logically moves
 (``bytes``: the input read once plus the output written once, whatever the
@@ -21,7 +21,7 @@ from netcl_loader import augment as A
 # 32 x 3 x 128 x 128 float32 = 6.3 MB.
 AUG_SHAPE = (32, 3, 128, 128)
 CUTOUT_SIZE = 32  # pixels, a quarter of the side as in the Cutout paper's CIFAR setting
-# SPEC section 9 "aug": 256x256x3 uint8 -> random 224 crop, flip, normalise.
+# The "aug" scenario of peers.py: 256x256x3 uint8 -> random 224 crop, flip, normalise.
 IMAGE_SHAPE = (256, 256, 3)
 CROP = 224
 IMAGES_PER_BATCH = 16  # of the scenario's 64, to keep a round short on 2 cores
