@@ -1,4 +1,4 @@
-"""Stats overhead on SPEC 9 'small' (ArrayDataset and plain), stats on vs off, interleaved.
+"""Stats overhead on peers.py's 'small' (ArrayDataset and plain), stats on vs off, interleaved.
 
 "Off" is a LoaderStats whose hooks do nothing, set before the first iteration.
 Usage::
