@@ -1,4 +1,4 @@
-"""Regression benchmarks of SharedBatchRingBuffer with a ``big`` batch of SPEC section 9.
+"""Regression benchmarks of SharedBatchRingBuffer with a batch of peers.py's ``big`` scenario.
 
 One batch is 64 float32 (3, 224, 224) images and 64 int64 labels (38.5 MB).
 ``extra_info["bytes"]`` is the batch's size and ``GB/s`` that size over the
