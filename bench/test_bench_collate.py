@@ -1,6 +1,6 @@
 """Regression benchmarks of the compiled collate against ``np.stack``.
 
-Samples as in SPEC section 9: ``small`` is 128 uint8 (1, 28, 28) images (the
+Samples as in peers.py's scenarios: ``small`` is 128 uint8 (1, 28, 28) images (the
 per-sample overhead decides), ``big`` 64 float32 (3, 224, 224) ones (the
 bytes decide).  Each routine stacks into a fresh array, and the compiled
 collate also into a reused buffer, which is what a worker does with its ring
