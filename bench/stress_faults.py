@@ -1,4 +1,4 @@
-"""Fault stress (SPEC §5): the main process killed at random instants, and a long run of faults.
+"""Fault stress: the main process killed at random instants, and a long run of faults.
 
 Part (a), ``--kills N``: N runs of a main program under the subreaper launcher
 of ``tests/procs.py``, each SIGKILLed at a random instant while it iterates
