@@ -1,4 +1,4 @@
-"""Regression benchmarks of one epoch of our DataLoader (SPEC section 9 samples, fewer of them).
+"""Regression benchmarks of one epoch of our DataLoader (peers.py's samples, fewer of them).
 
 - ``small``: uint8 (1, 28, 28) + int label, batch 128, over a plain
   ``__getitem__`` dataset and over ``ArrayDataset`` (the batch fast path);
