@@ -1,6 +1,6 @@
 """Main-thread cost and delivered bandwidth of Uploader.upload against a synchronous to_device.
 
-Measures, for SPEC §9's ``big`` batch (64 x 3 x 224 x 224 float32 + int64
+Measures, for the ``big`` batch of peers.py (64 x 3 x 224 x 224 float32 + int64
 labels) on one OpenCL device (PoCL's CPU device where there is no other):
 
 (a) the main thread's time in ``Uploader.upload`` per batch: allocation from
@@ -17,7 +17,7 @@ Host batches live in a few read-only "slots" reused round-robin, and a slot is
 refilled only once the upload from it is ``ready()``, as the DataLoader does.
 Every figure is the median over repetitions, after warm-up.
 
-Then the whole loader (issue 4's figures), on SPEC §9's ``big`` scenario (a
+Then the whole loader (issue 4's figures), on peers.py's ``big`` scenario (a
 dataset whose plain ``__getitem__`` returns a float32 (3, 224, 224) view of one
 preloaded array of 2048 samples and an int label; batch 64; ``num_workers=2``,
 ``seed=0``), each variant one loader, one warm-up epoch, then ``--epochs``
@@ -67,7 +67,7 @@ except ImportError as exc:  # pragma: no cover - depends on the machine
 
 from netcl_loader import DataLoader
 from netcl_loader.gpu_batch import Uploader
-from peers import ViewDataset  # the SPEC §9 datasets live in the peers script
+from peers import ViewDataset  # the benchmark scenarios' datasets live in the peers script
 
 # The stand-in training step: one work-item per element (pyopencl's
 # ElementwiseKernel, a strided loop, runs some 20x slower on PoCL).
@@ -79,7 +79,7 @@ __kernel void running_sum(__global float *acc, __global const float *x)
 }
 """
 
-# SPEC §9 "big".
+# peers.py's "big".
 BIG_SAMPLE_SHAPE = (3, 224, 224)
 BIG_BATCH_SIZE = 64
 BIG_SAMPLES = 2048
@@ -212,7 +212,7 @@ def bench_overlap(mode, queue, slots, n_batches, reps, warmup, pool):
 
 
 # --------------------------------------------------------------------------
-# The whole loader: SPEC §9 "big", num_workers=2 (issue 4's figures)
+# The whole loader: peers.py's "big", num_workers=2 (issue 4's figures)
 # --------------------------------------------------------------------------
 
 def make_big_dataset(n_samples=BIG_SAMPLES, seed=0, period=97):
@@ -399,7 +399,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--batch-size", type=int, default=BIG_BATCH_SIZE,
                         help="samples per batch of the Uploader-only figures (default: "
-                             "%(default)s, SPEC §9 big; the loader figures always use 64)")
+                             "%(default)s, as big; the loader figures always use 64)")
     parser.add_argument("--slots", type=int, default=4,
                         help="host slots reused round-robin (default: %(default)s)")
     parser.add_argument("--reps", type=int, default=None,
@@ -462,7 +462,7 @@ def main(argv=None):
         "c_slot_wait_ms_per_batch": {m: round(median_ms(w), 3) for m, (_, _, w) in overlap.items()},
         "reps": {"a_b": args.reps, "c": f"{args.overlap_reps} x {args.overlap_batches} batches"},
         "loader": loader_summary,
-        "loader_setup": (f"SPEC §9 big ({BIG_SAMPLES} samples, batch {BIG_BATCH_SIZE}), "
+        "loader_setup": (f"big ({BIG_SAMPLES} samples, batch {BIG_BATCH_SIZE}), "
                          f"num_workers={LOADER_WORKERS}, seed={LOADER_SEED}, "
                          f"{args.epochs} measured epochs after 1 warm-up epoch per variant"),
     }
