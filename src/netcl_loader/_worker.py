@@ -74,7 +74,8 @@ def _set_worker_info(info):
             pass
 
 
-#: How workers seed their RNGs (SPEC section 4).
+#: How workers seed their RNGs: "batch" before each batch from (seed, epoch, batch
+#: index), the same for any num_workers; "worker" once per worker, as PyTorch does.
 WORKER_SEEDINGS = ("batch", "worker")
 
 _MASK64 = (1 << 64) - 1
@@ -178,7 +179,7 @@ def limit_threads():
 
 
 class Lifeline(NamedTuple):
-    """How a worker learns that the main process is gone (SPEC section 5: exit within 5 s).
+    """How a worker learns that the main process is gone (it must exit within 5 s).
 
     Three mechanisms, because each misses a case the others catch: the read
     end of a pipe whose only write end the main process holds (EOF the moment
@@ -428,7 +429,7 @@ class BatchMaker:
     def _next_from_stream(self):
         """The stream's next sample (no batching) or list of samples (raises StreamEnd).
 
-        An exception in the stream ends it for this epoch (SPEC section 11).
+        An exception raised by the stream itself ends that stream for this epoch.
         """
         it = self.stream
         if it is None:
