@@ -218,7 +218,7 @@ class EpochIterator:
                     continue
                 if msg.kind == ERROR or msg.kind == ERROR_END:
                     if msg.kind == ERROR_END:
-                        self._ended.add(wid)  # the stream raised: it ended (SPEC section 11)
+                        self._ended.add(wid)  # the stream raised: it ended, for this epoch
                     if not self.iterable:
                         self.progress.mark(seq)
                     self._fill()
@@ -267,7 +267,7 @@ class EpochIterator:
             except Exception:
                 if self.iterable:
                     if maker.stream is None:
-                        self._finish()  # the stream raised: it ended (SPEC section 11)
+                        self._finish()  # the stream raised: it ended, for this epoch
                 else:
                     self.progress.mark(seq)  # counted done, as a worker's failed batch is
                 raise
