@@ -33,7 +33,7 @@ _KIND_NAMES = {K_TUPLE: "tuple", K_NAMEDTUPLE: "namedtuple", K_LIST: "list", K_D
 cdef object _ndarray = np.ndarray
 cdef object _generic = np.generic
 
-#: Python ints collate to int64 (SPEC section 3), whatever the platform's C long.
+#: Python ints collate to int64, whatever the platform's C long.
 cdef object _INT64_MIN = -(1 << 63)
 cdef object _INT64_MAX = (1 << 63) - 1
 
