@@ -505,7 +505,8 @@ COPY = 0       # fresh arrays owned by the caller
 VIEW = 1       # read-only views, valid until the slot is freed
 LEND = 2       # writable views: the caller owns the slot until it drops them
 
-#: What decode() and convert_output() make of array and tensor leaves (SPEC §10).
+#: What decode() and convert_output() make of array and tensor leaves (the output
+#: keyword): None keeps each leaf's kind, "numpy" and "torch" turn every leaf into one.
 OUTPUTS = (None, "numpy", "torch")
 
 #: Layout records decoded recently, by their bytes.
@@ -618,7 +619,8 @@ def _convert_leaf(x, output):
 
 
 def convert_output(batch, output):
-    """Apply the loader's ``output`` rule (SPEC §10) to a batch already in memory.
+    """Apply the loader's ``output`` rule (None: leaves as they are; "numpy", "torch":
+    every array or tensor leaf as that kind) to a batch already in memory.
 
     For batches that did not come from a ring slot (``num_workers=0``, or
     sent through a pipe); :func:`decode` applies the same rule to slot
@@ -906,7 +908,7 @@ class SharedBatchRingBuffer:
         self._segments[slot] = segment
         self._caps[slot] = 0 if segment is None else segment.nbytes
 
-    # -- the lifecycle of a slot (SPEC: the owner assigns, producers publish) --
+    # -- the lifecycle of a slot (the owner assigns, producers publish) --
     #
     #   FREE --assign (owner)--> ASSIGNED --publish (producer)--> READY | PIPED | CANCELLED
     #   READY | PIPED | CANCELLED --free (owner)--> FREE
