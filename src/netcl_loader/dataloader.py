@@ -464,7 +464,7 @@ class DataLoader:
 
     # -- GPU -------------------------------------------------------------------
     def bind_queue(self, queue, *, allocator=None):
-        """Upload every batch to ``queue``'s device while the last step runs (SPEC section 6).
+        """Upload every batch to ``queue``'s device while the last step runs.
 
         Parameters
         ----------
