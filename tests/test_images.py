@@ -530,11 +530,11 @@ def test_on_error_skip_replaces_by_the_next_good_file_and_counts(bad_folder, num
 # Memory in forked workers
 
 
-def _private_dirty_bytes(pid):
-    """Bytes of memory written by ``pid`` alone (its copies-on-write included)."""
+def _memory(pid):
+    """(resident bytes, bytes written by ``pid`` alone: its copies-on-write) of a process."""
     with open(f"/proc/{pid}/smaps_rollup") as f:
         fields = dict(line.split(":", 1) for line in f if ":" in line)
-    return sum(int(fields[k].split()[0]) * 1024 for k in ("Private_Dirty",) if k in fields)
+    return tuple(int(fields[k].split()[0]) * 1024 for k in ("Rss", "Private_Dirty"))
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="Linux /proc only")
@@ -558,8 +558,14 @@ def test_a_million_names_stay_shared_in_forked_workers(tmp_path):
         pids = [p.pid for p in multiprocessing.active_children()
                 if p.name.startswith("netcl_loader-worker")]
         assert len(pids) == 2
-        before = {p: _private_dirty_bytes(p) for p in pids}
+        before = {p: _memory(p) for p in pids}
         for _ in it:
             pass
-        grown = {p: _private_dirty_bytes(p) - before[p] for p in pids}
-    assert all(g < index_bytes for g in grown.values()), (grown, index_bytes)
+        after = {p: _memory(p) for p in pids}
+    rss = [after[p][0] - before[p][0] for p in pids]
+    private = [after[p][1] - before[p][1] for p in pids]
+    # Resident memory grows by the index pages the worker read (shared with the
+    # parent, never copied) and its own buffers; a Python object per sample
+    # would be copied page by page as its reference count changes.
+    assert max(rss) < index_bytes, (rss, index_bytes)
+    assert max(private) < index_bytes / 20, (private, index_bytes)

@@ -227,13 +227,14 @@ else:  # pragma: no cover - Windows, old macOS
             return f.readinto(memoryview(view))
 
 
-def _pillow_rgb(data, name):
-    """Decode ``data`` with Pillow into an (H, W, 3) uint8 RGB array."""
+def _pillow_rgb(data):
+    """Decode ``data`` with Pillow into an (H, W, 3) uint8 RGB array (ImageFileError
+    with the reason, which the caller prefixes with the file's name)."""
     try:
         from PIL import Image, UnidentifiedImageError
     except ImportError as exc:
-        raise ImportError(f"decoding {name} needs Pillow ({exc}); remedy: pip install pillow, "
-                          f"or pip install 'netcl-loader[images]'") from exc
+        raise ImportError(f"decoding image files needs Pillow ({exc}); remedy: pip install "
+                          f"pillow, or pip install 'netcl-loader[images]'") from exc
     try:
         with Image.open(io.BytesIO(data)) as img:
             img.load()
@@ -241,10 +242,10 @@ def _pillow_rgb(data, name):
             return np.asarray(rgb)
     except UnidentifiedImageError:
         head = bytes(data[:_SHOWN_BYTES])
-        raise ImageFileError(f"{name}: not an image (its {len(data)} bytes start with "
-                             f"{head!r}, which no decoder recognises)") from None
+        raise ImageFileError(f"not an image (its {len(data)} bytes start with {head!r}, "
+                             f"which no decoder recognises)") from None
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
-        raise ImageFileError(f"{name}: truncated or corrupt image data ({exc})") from None
+        raise ImageFileError(f"truncated or corrupt image data ({exc})") from None
 
 
 # --------------------------------------------------------------------------
@@ -590,7 +591,10 @@ class _ImageDataset:
                 except jpeg.ImageError as exc:
                     raise ImageFileError(f"{self._name(i)}: {exc}") from None
                 return
-        src = _pillow_rgb(data, self._name(i))
+        try:
+            src = _pillow_rgb(data)
+        except ImageFileError as exc:
+            raise ImageFileError(f"{self._name(i)}: {exc}") from None
         height, width = src.shape[:2]
         _resize_kernel()(src, self.crop.box(height, width, u), out, flip, mean, std)
 
