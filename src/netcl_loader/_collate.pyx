@@ -16,7 +16,7 @@ from libc.string cimport strcmp, memset, memcpy
 import copy
 import sys
 import warnings
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping, MutableSequence, Sequence
 
 import numpy as np
 
@@ -219,7 +219,7 @@ def torch_holds(dtype):
 cdef class _Node:
     cdef int kind
     cdef object type
-    cdef object template   # the first sample's mapping, for a dict subclass
+    cdef object template   # the first sample's container, for a dict or list subclass
     cdef list children
     cdef tuple keys
     cdef int leaf
@@ -244,7 +244,27 @@ def same_mapping(template, items):
         return items
 
 
-cdef inline int _kind_of(object v):
+def same_sequence(template, items):
+    """``items`` (a list) as a sequence of ``template``'s type, as torch's
+    default_collate rebuilds one: a copy of a mutable sequence (a list
+    subclass, which may carry more than its items) with its items replaced,
+    else ``type(template)(items)``, else a plain list (a ``range`` cannot be
+    rebuilt from its items: its batch is a list)."""
+    t = type(template)
+    if t is list:
+        return items
+    try:
+        if isinstance(template, MutableSequence):
+            clone = copy.copy(template)
+            for i, x in enumerate(items):
+                clone[i] = x
+            return clone
+        return t(items)
+    except Exception:
+        return items
+
+
+cdef inline int _kind_of(object v, bint torch_rules):
     t = type(v)
     if t is _ndarray or isinstance(v, _ndarray):
         return K_ARRAY
@@ -278,6 +298,14 @@ cdef inline int _kind_of(object v):
         return K_INT
     if isinstance(v, float):
         return K_FLOAT
+    if torch_rules:
+        # torch's default_collate walks any Mapping and any Sequence (a
+        # range, a UserList, ...); for this package's own face they are
+        # other leaves, collated into a list of the values.
+        if isinstance(v, Mapping):
+            return K_DICT
+        if isinstance(v, Sequence):
+            return K_LIST
     return K_OTHER
 
 
@@ -285,17 +313,20 @@ cdef str _child_path(str path, object key):
     return f"{path}[{key!r}]"
 
 
-cdef _Node _build(object v, str path, list leaves):
+cdef _Node _build(object v, str path, list leaves, bint torch_rules):
     cdef _Node n = _Node.__new__(_Node)
-    n.kind = _kind_of(v)
+    n.kind = _kind_of(v, torch_rules)
     n.type = type(v)
     n.path = path
     n.leaf = -1
     if n.kind == K_TUPLE or n.kind == K_NAMEDTUPLE or n.kind == K_LIST:
-        n.children = [_build(c, _child_path(path, i), leaves) for i, c in enumerate(v)]
+        n.children = [_build(c, _child_path(path, i), leaves, torch_rules)
+                      for i, c in enumerate(v)]
+        if n.kind == K_LIST and n.type is not list:
+            n.template = v
     elif n.kind == K_DICT:
         n.keys = tuple(v.keys())
-        n.children = [_build(v[k], _child_path(path, k), leaves) for k in n.keys]
+        n.children = [_build(v[k], _child_path(path, k), leaves, torch_rules) for k in n.keys]
         if n.type is not dict:
             n.template = v
     else:
@@ -359,8 +390,8 @@ cdef bint _is_plain(object dtype) except -1:
     return r
 
 
-cdef void _walk(_Node n, object v, list leaves, list indices, int i) except *:
-    cdef int k = _kind_of(v)
+cdef void _walk(_Node n, object v, list leaves, list indices, int i, bint torch_rules) except *:
+    cdef int k = _kind_of(v, torch_rules)
     cdef Py_ssize_t j
     if k != n.kind or (k != K_ARRAY and k != K_TENSOR and k != K_NPSCALAR and k != K_OTHER
                        and type(v) is not n.type):
@@ -371,12 +402,12 @@ cdef void _walk(_Node n, object v, list leaves, list indices, int i) except *:
         if len(v) != len(n.children):
             _mismatch(indices, i, n.path, "length", len(n.children), len(v))
         for j in range(len(n.children)):
-            _walk(<_Node>n.children[j], v[j], leaves, indices, i)
+            _walk(<_Node>n.children[j], v[j], leaves, indices, i, torch_rules)
     elif k == K_DICT:
         if len(v) != len(n.keys) or any(key not in v for key in n.keys):
             _mismatch(indices, i, n.path, "keys", sorted(map(str, n.keys)), sorted(map(str, v.keys())))
         for j in range(len(n.children)):
-            _walk(<_Node>n.children[j], v[n.keys[j]], leaves, indices, i)
+            _walk(<_Node>n.children[j], v[n.keys[j]], leaves, indices, i, torch_rules)
     else:
         (<list>leaves[n.leaf]).append(v)
 
@@ -387,7 +418,8 @@ cdef object _assemble(_Node n, list outs):
     if n.kind == K_NAMEDTUPLE:
         return n.type(*[_assemble(<_Node>c, outs) for c in n.children])
     if n.kind == K_LIST:
-        return [_assemble(<_Node>c, outs) for c in n.children]
+        items = [_assemble(<_Node>c, outs) for c in n.children]
+        return items if n.template is None else same_sequence(n.template, items)
     if n.kind == K_DICT:
         items = {k: _assemble(<_Node>c, outs) for k, c in zip(n.keys, n.children)}
         return items if n.template is None else same_mapping(n.template, items)
@@ -530,6 +562,11 @@ cdef object _stack_tensors(list vals, list indices, str path, object alloc):
     batch is a tensor of the same dtype on that buffer."""
     cdef Py_ssize_t B = len(vals), i
     first = vals[0]
+    if first.is_nested:
+        # Nested tensors of different shapes cannot be stacked (torch's error).
+        raise RuntimeError("Batches of nested tensors are not currently supported by the default "
+                           "collate_fn; please provide a custom collate_fn to handle them "
+                           "appropriately.")
     tdtype = first.dtype
     shape = first.shape
     for i in range(1, B):
@@ -548,8 +585,8 @@ def _empty_alloc(shape, dtype):
     return np.empty(shape, dtype)
 
 
-def collate(list samples, indices=None, alloc=None):
-    """Stack a list of samples into one batch (SPEC section 3).
+def collate(list samples, indices=None, alloc=None, torch_rules=False):
+    """Stack a list of samples into one batch.
 
     Parameters
     ----------
@@ -561,11 +598,17 @@ def collate(list samples, indices=None, alloc=None):
         ``alloc(shape, dtype) -> ndarray``, a writable C-contiguous array that
         receives one stacked leaf; ``np.empty`` by default.  The loader passes
         an allocator that hands out space in a shared-memory ring slot.
+    torch_rules : bool
+        Collate as torch's ``default_collate`` (the PyTorch face): any
+        ``Mapping`` and any ``Sequence`` (a ``range``, a ``UserList``) is a
+        container whose fields are collated, not a leaf, and arrays of
+        strings or objects are refused (TypeError), as torch refuses them.
 
     Returns
     -------
-    The batch: tuples, lists and dicts keep their structure (namedtuples and
-    dict subclasses their type, as in torch's default_collate), array leaves are
+    The batch: tuples, lists and dicts keep their structure (namedtuples, list
+    and dict subclasses their type, as in torch's default_collate; a sequence
+    that cannot be rebuilt from its items, a ``range``, gives a list), array leaves are
     stacked along a new axis 0, Python numbers become int64/float64/bool
     arrays, NumPy scalars arrays of their dtype, other leaves lists (NumPy
     strings too, as in torch's ``default_collate``).  CPU torch tensor
@@ -591,18 +634,26 @@ def collate(list samples, indices=None, alloc=None):
     idx = list(range(B)) if indices is None else list(indices)
     if len(idx) != B:
         raise ValueError(f"indices has {len(idx)} entries for {B} samples")
+    cdef bint rules = bool(torch_rules)
     cdef list leaves = []
-    cdef _Node root = _build(samples[0], "", leaves)
+    cdef _Node root = _build(samples[0], "", leaves, rules)
     cdef list leaf_nodes = [None] * len(leaves)
     _index_leaves(root, leaf_nodes)
     for i in range(B):
-        _walk(root, samples[i], leaves, idx, i)
+        _walk(root, samples[i], leaves, idx, i, rules)
     cdef list outs = []
     for j, node in enumerate(leaf_nodes):
         vals = leaves[j]
         k = (<_Node>node).kind
         try:
             if k == K_ARRAY:
+                if rules and vals[0].dtype.kind in "SUO":
+                    # torch's default_collate refuses arrays of strings and objects.
+                    raise _named(TypeError(
+                        f"default_collate: batch must contain tensors, numpy arrays, numbers, "
+                        f"dicts or lists; found an array of dtype {vals[0].dtype} at field "
+                        f"{_show_path((<_Node>node).path)} of the samples at dataset indices "
+                        f"{_show_indices(idx)}"))
                 outs.append(_stack_arrays(vals, idx, (<_Node>node).path, alloc))
             elif k == K_OTHER:
                 outs.append(vals)

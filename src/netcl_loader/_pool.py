@@ -157,7 +157,8 @@ class Pool:
                               loader.worker_init_fn, loader.seed, loader.worker_seeding,
                               loader.rank, loader.world_size, loader._distributed,
                               loader.use_shared_mem, loader._batched, loader.batch_size,
-                              loader.drop_last, loader.iterable, loader._pools_started)
+                              loader.drop_last, loader.iterable, loader._pools_started,
+                              loader._tuples_as_lists)
         lifeline_r, self.lifeline = ctx.Pipe(duplex=False)
         _MAIN_ONLY_FDS.add(self.lifeline.fileno())
         # PR_SET_PDEATHSIG fires when the parent *thread* ends: only safe when

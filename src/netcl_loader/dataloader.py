@@ -36,7 +36,7 @@ from ._order import (STATE_VERSION, check_state, global_order, group, index_batc
                      length_or_none, local_order, num_batches, shard_length)
 from ._pool import Pool, WorkerError
 from ._stats import LoaderStats
-from ._tree import map_leaves, torch_structure
+from ._tree import map_leaves
 from ._worker import WORKER_SEEDINGS, BatchMaker
 from .shared_batch import OutputPool, convert_output
 
@@ -523,7 +523,8 @@ class DataLoader:
     def _new_maker(self):
         return BatchMaker(self.dataset, self.collate_fn, self.transforms, self._batched,
                           self.batch_size, self.drop_last, self.iterable, self.worker_seeding,
-                          self.seed, self.rank if self._distributed else None)
+                          self.seed, self.rank if self._distributed else None,
+                          self._tuples_as_lists)
 
     def _shutdown_pool(self):
         pool, self._pool = self._pool, None
@@ -545,15 +546,15 @@ class DataLoader:
         return self._finalize(batch)
 
     #: Batches shaped as PyTorch's default_collate and default_convert shape
-    #: them: plain tuples as lists, strings in a sequence as tuples (set by
-    #: the PyTorch face).
+    #: them (set by the PyTorch face): its collate rules (any sequence or
+    #: mapping is walked), plain tuples as lists, strings in a sequence as
+    #: tuples, list subclasses kept.  The batch maker shapes them, where the
+    #: batch is made (see BatchMaker).
     _tuples_as_lists = False
 
     def _finalize(self, batch):
-        """The last touches on every yielded batch: PyTorch's structure (its face),
-        and ``pin_memory=True`` with an accelerator: tensors in page-locked memory."""
-        if self._tuples_as_lists and self.collate_fn is None:
-            batch = torch_structure(batch)
+        """The last touch on every yielded batch: with ``pin_memory=True`` and an
+        accelerator, tensors in page-locked memory."""
         if not self.pin_memory:
             return batch
         torch = sys.modules["torch"]

@@ -120,6 +120,10 @@ class Subset:
     dataset : map-style dataset
     indices : sequence of int, or slice
         A slice takes those positions of ``range(len(dataset))``.
+
+    ``subset[i]`` is ``dataset[indices[i]]``; ``subset[a:b]`` and
+    ``subset[[i, j]]`` are ``dataset[[indices[a], ...]]``, what the dataset
+    gives for a list of indices (as PyTorch's ``Subset``).
     """
 
     def __init__(self, dataset, indices):
@@ -147,10 +151,14 @@ class Subset:
         return len(self.indices)
 
     def __getitem__(self, i):
+        # A slice or a list of positions gives what the dataset gives for the
+        # indices at those positions, as PyTorch's Subset does (a
+        # TensorDataset or ArrayDataset: its stacked rows); indices reach the
+        # dataset as a list of Python ints, as from PyTorch's.
         if isinstance(i, slice):
-            return Subset(self.dataset, self.indices[i])
-        if isinstance(i, list):  # as PyTorch's Subset: a list of positions
-            return self.__getitems__(i)
+            return self.dataset[self.indices[i].tolist()]
+        if isinstance(i, list):
+            return self.dataset[self.indices[np.asarray(i, dtype=np.int64)].tolist()]
         return self.dataset[int(self.indices[i])]
 
     def __getitems__(self, indices):

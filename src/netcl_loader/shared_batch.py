@@ -18,6 +18,7 @@ leaks nothing.
 """
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import sys
@@ -429,8 +430,8 @@ class SlotWriter:
     def _tensor_dtype(t):
         """The NumPy dtype a tensor's memory is read as; None for one that has
         no plain memory in this process."""
-        if not t.is_cpu or t.layout is not torch_module().strided:
-            return None
+        if not t.is_cpu or t.layout is not torch_module().strided or t.is_nested:
+            return None  # a nested tensor has no single shape to place it by
         try:
             return tensor_dtype_info(t.dtype)[0]
         except ValueError:
@@ -481,7 +482,7 @@ class SlotWriter:
         key = self._signature(batch) if not self.overflow else None
         record = _records.get(key) if key is not None else None
         if record is None:
-            record = pickle.dumps(self.encode(batch), protocol=pickle.HIGHEST_PROTOCOL)
+            record = _dump_record(self.encode(batch))
             if key is not None:
                 if len(_records) >= _PLAN_CACHE_ENTRIES:
                     _records.clear()
@@ -498,6 +499,30 @@ class SlotWriter:
 
 #: Layout records of recent batches by their layout (the writer's side of the plan cache).
 _records = {}
+
+
+def _make_named(t, items):
+    return t._make(items)
+
+
+class _RecordPickler(pickle.Pickler):
+    """Pickles a layout record.  A namedtuple is rebuilt by its ``_make``, not by
+    its class: a subclass may check its fields in ``__new__`` (torch's
+    ``PackedSequence`` asks its tensors for their device), and in a record
+    markers stand where the tensors were."""
+
+    def reducer_override(self, obj):
+        t = type(obj)
+        if isinstance(obj, tuple) and t is not tuple and hasattr(t, "_fields") \
+                and hasattr(t, "_make"):
+            return _make_named, (t, tuple(obj))
+        return NotImplemented
+
+
+def _dump_record(record):
+    buf = io.BytesIO()
+    _RecordPickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(record)
+    return buf.getvalue()
 
 
 #: How decode() hands out the arrays of a slot.
