@@ -277,9 +277,14 @@ def test_tar_shards_give_what_the_folder_gives(folder, tmp_path):
         with DataLoader(ds, batch_size=5, shuffle=True, seed=4, num_workers=nw) as a, \
                 DataLoader(tar, batch_size=5, shuffle=True, seed=4, num_workers=nw) as b:
             assert_same(batches(b), batches(a))
-    # The cached index is used, and rebuilt when the shard changes.
+    # The cached index is used, and rebuilt when the shard changes or the
+    # cache is damaged.
     again = TarImages(shards, crop=RandomResizedCrop(36))
     np.testing.assert_array_equal(again._offset, tar._offset)
+    with open(f"{shards[1]}.idx.npz", "wb") as f:
+        f.write(b"PK\x03\x04 not a zip")
+    np.testing.assert_array_equal(TarImages(shards)._offset, tar._offset)
+    assert os.path.getsize(f"{shards[1]}.idx.npz") > 100
     with tarfile.open(shards[0], "a") as tf:
         payload = open(ds.path(0), "rb").read()
         for name, data in (("extra.jpg", payload), ("extra.cls", b"2")):

@@ -814,7 +814,7 @@ class _TarIndex:
                 if np.array_equal(z["stamp"], stamp):
                     return {k: z[k] for k in ("offset", "size", "label", "keys", "key_offsets",
                                               "ext")}
-        except (OSError, KeyError, ValueError):
+        except Exception:  # missing, stale layout or damaged (a zip error): rebuilt
             pass
         index = _TarIndex.build(shard)
         try:
