@@ -574,3 +574,18 @@ def test_a_million_names_stay_shared_in_forked_workers(tmp_path):
     # would be copied page by page as its reference count changes.
     assert max(rss) < index_bytes, (rss, index_bytes)
     assert max(private) < index_bytes / 20, (private, index_bytes)
+
+
+def test_image_files_checks_its_lists(folder):
+    paths = [str(p) for p in sorted((folder / "cat").iterdir())]
+    with pytest.raises(ValueError, match="8 paths but 3 labels"):
+        ImageFiles(paths, [0, 1, 2])
+    with pytest.raises(ValueError, match="single name"):
+        ImageFiles(paths[0], [0])
+    ds = ImageFiles(paths, range(8), crop=CenterCrop(16), flip=0)
+    assert len(ds) == 8 and ds.path(-1) == paths[-1]
+    np.testing.assert_array_equal(ds[-1][0], ds[7][0])
+    with pytest.raises(IndexError, match="index 8 is out of range"):
+        ds[8]
+    with pytest.raises(IndexError, match="out of range"):
+        ds.gather_batch([0, 9], np.empty)
