@@ -51,6 +51,10 @@ class WorkerInfo(NamedTuple):
     rank: int = 0
     world_size: int = 1
 
+    def __setattr__(self, name, value):
+        # Read-only, with the error PyTorch's WorkerInfo gives (its users catch it).
+        raise RuntimeError("Cannot assign attributes to WorkerInfo objects")
+
 
 _worker_info: WorkerInfo | None = None
 
