@@ -52,7 +52,10 @@ def _describe_exit(wid, pid, code):
             name = signal.Signals(-code).name
         except ValueError:
             name = "unknown signal"
-        return f"DataLoader worker {wid} (pid {pid}) was killed by signal {-code} ({name})"
+        # First PyTorch's words for it (its users match them), then which worker and signal.
+        what = signal.strsignal(-code) or name
+        return (f"DataLoader worker (pid {pid}) is killed by signal: {what}. "
+                f"Worker {wid} was killed by signal {-code} ({name})")
     return f"DataLoader worker {wid} (pid {pid}) exited unexpectedly with exit code {code}"
 
 
