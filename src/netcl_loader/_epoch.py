@@ -193,12 +193,13 @@ class EpochIterator:
                 stats.grown_slots += 1
                 continue
             del self.pending[seq]
-            times = header.times(slot)  # the worker's stage times, before the slot is freed
-            skipped = header.skipped(slot)  # samples its dataset replaced (bad files)
+            # One compiled call: its state, record, the worker's stage times and
+            # the samples its dataset replaced (bad files), before the slot is freed.
+            state, meta_off, meta_len, times, skipped = header.take(slot)
             t_decode = time.perf_counter()  # (for a piped batch: after it has arrived)
-            if header.state(slot) == READY:
+            if state == READY:
                 try:
-                    batch = self._take_ready(slot)
+                    batch = self._take_ready(slot, meta_off, meta_len)
                 except BaseException:
                     # Not delivered (its slot is free again, see _take_ready):
                     # the batch counts as done, so the state stays whole.
@@ -322,9 +323,18 @@ class EpochIterator:
         header = pool.header
         pending = self.pending
         in_order = self.loader.in_order
-        # Tasks are dispatched in batch order: the oldest pending is the next
-        # in order.  A slot that asks to grow is answered first, whichever it
-        # is (its worker waits on it).
+        if in_order:
+            # Tasks are dispatched in batch order: the oldest pending is the
+            # next.  Already published (the common case): no more to do.
+            found = next(iter(pending))
+            slot, wid, n = pending[found]
+            if slot is None:
+                return found, slot, wid, n
+            st = header.state(slot)
+            if st == READY or st == PIPED or st == GROW:
+                return found, slot, wid, n
+        # A slot that asks to grow is answered first, whichever it is (its
+        # worker waits on it).
         seqs = list(pending) if in_order else sorted(pending)
         failed = [q for q in seqs if pending[q][0] is None]
         if failed and (not in_order or failed[0] == seqs[0]):
@@ -400,14 +410,13 @@ class EpochIterator:
             self.loader._stats.record_wait(time.perf_counter() - t0)
 
     # -- delivery -----------------------------------------------------------------
-    def _take_ready(self, slot):
+    def _take_ready(self, slot, meta_off, meta_len):
         """The batch of a READY slot, delivered as one row of DELIVERY says.
 
         Every way out frees or leases the slot: a batch that cannot be decoded
         (no memory for the copy, a record that does not load) frees it.
         """
         loader, pool = self.loader, self.pool
-        meta_off, meta_len, _ = pool.header.result(slot)
         # The region's references before any view of it exists (and before
         # `seg` below holds one): a lent slot is free again once back to this.
         base = pool.refs(slot)

@@ -21,6 +21,10 @@ GROW = NETCL_GROW
 
 PAGE_BYTES = netcl_page_size()
 
+import numpy as _np
+_frombuffer = _np.frombuffer
+_int64 = _np.dtype(_np.int64)
+
 
 class SharedMemoryError(MemoryError):
     """Shared memory could not be had: the message names the bytes and a remedy."""
@@ -287,6 +291,34 @@ cdef class RingHeader:
         with nogil:
             k = netcl_ring_wait_next(self.hdr, &slots[0], n, any, timeout_ms)
         return k
+
+    def take(self, uint32_t i):
+        """Everything the main process reads of a published slot, in one call:
+        ``(state, meta_off, meta_len, (fetch_ns, collate_ns, transform_ns, write_ns,
+        start_ns), skipped)``."""
+        cdef netcl_slot_header_t *s = self.slot(i)
+        cdef uint32_t st = netcl_load_acquire(&s.state)
+        return (st, s.meta_off, s.meta_len,
+                (s.fetch_ns, s.collate_ns, s.transform_ns, s.write_ns, s.start_ns), s.skipped)
+
+    def next_task(self, uint32_t q, int timeout_ms):
+        """A worker's next queue entry, with its task where the entry is one, in one call:
+        ``(entry, token, seq, epoch, indices)`` (int64 indices from the slot's index
+        area; the last four None for other entries), or None after ``timeout_ms``."""
+        cdef netcl_queue_t *qu = self.queue(q)
+        cdef const uint32_t *entries = self.entries + <uint64_t>q * self.qcap
+        cdef int64_t entry
+        with nogil:
+            entry = netcl_queue_pop(qu, entries, self.qcap, timeout_ms)
+        if entry < 0:
+            return None
+        cdef uint32_t i = <uint32_t>entry & 0x00FFFFFF
+        if (<uint32_t>entry & 0xFF000000) != 0:  # not a task in the header
+            return (entry, None, None, None, None)
+        cdef netcl_slot_header_t *s = self.slot(i)
+        cdef char *area = self.index_area + <uint64_t>i * self.index_bytes
+        cdef uint64_t n = (<uint64_t *>area)[0]
+        return (entry, s.token, s.seq, s.epoch, _frombuffer((area + 8)[:n], _int64))
 
     def take_grow(self, uint32_t i):
         """Answer slot ``i``'s request to grow (main process): GROW -> ASSIGNED, and the

@@ -526,12 +526,19 @@ class _Tasks:
         """``(slot, token, seq, epoch, indices)`` of the next task; raises _Stop or _PipeLost."""
         if self.deferred:
             return self.deferred.popleft()
+        next_task = self.header.next_task
         while True:
-            entry = self.header.pop(self.worker_id, IDLE_WAIT_MS)
-            if entry >= 0:
-                task = self._take(entry)
-                if task is not None:
-                    return task
+            # One compiled call: the entry and, for a task in the header, its
+            # token, batch number, epoch and indices.
+            got = next_task(self.worker_id, IDLE_WAIT_MS)
+            if got is None:
+                continue
+            entry, token, seq, epoch, indices = got
+            if token is not None:
+                return entry & ENTRY_SLOT_MASK, token, seq, epoch, indices
+            task = self._take(entry)
+            if task is not None:
+                return task
 
     def wait_grown(self, slot, needed):
         """Ask the main process for a region of at least ``needed`` bytes for ``slot``
