@@ -677,3 +677,68 @@ def test_dict_subclass_samples_keep_their_type(num_workers, shared):
     batch = collate([counts, counts])
     assert type(batch) is collections.defaultdict and batch.default_factory is int
     np.testing.assert_array_equal(batch["n"], [1, 1])
+
+
+class Tagged(list):
+    """A list subclass that carries more than its items."""
+
+    tag = "t"
+
+
+class Checked(collections.namedtuple("Checked", ["x", "n"])):
+    """A namedtuple whose __new__ checks its fields, as torch's PackedSequence does."""
+
+    def __new__(cls, x, n):
+        if not hasattr(x, "shape"):
+            raise TypeError(f"Checked.x must be an array, got {type(x).__name__}")
+        return super().__new__(cls, x, n)
+
+
+def make_checked(samples):
+    return Checked(np.stack([s[0] for s in samples]), len(samples))
+
+
+@pytest.mark.parametrize("num_workers, shared", [(0, True), (2, True), (2, False)])
+def test_list_subclass_samples_keep_their_type(num_workers, shared):
+    # A list subclass stays one, as torch's default_collate rebuilds a mutable sequence.
+    samples = [Tagged([np.full(2, i, np.float32), i]) for i in range(4)]
+    direct = collate(samples)
+    batches = load_all(samples, 2, num_workers=num_workers, use_shared_mem=shared)
+    for b in [direct] + batches:
+        assert type(b) is Tagged and len(b) == 2
+    np.testing.assert_array_equal(batches[1][0], [[2, 2], [3, 3]])
+    np.testing.assert_array_equal(batches[1][1], [2, 3])
+
+
+def test_other_sequences_are_leaves_here_and_containers_under_torch_rules():
+    # This package's face: a range is another leaf (a list of the values);
+    # torch's default_collate (torch_rules) walks any Sequence and any Mapping.
+    samples = [range(i, i + 2) for i in range(3)]
+    assert collate(samples) == samples
+    batch = collate(samples, torch_rules=True)
+    assert type(batch) is list
+    np.testing.assert_array_equal(batch[0], [0, 1, 2])
+    np.testing.assert_array_equal(batch[1], [1, 2, 3])
+    proxy = [__import__("types").MappingProxyType({"a": i}) for i in range(2)]
+    assert collate(proxy) == proxy
+    np.testing.assert_array_equal(collate(proxy, torch_rules=True)["a"], [0, 1])
+
+
+def test_torch_rules_refuse_arrays_of_strings_and_objects():
+    strings = [np.array(["a", "b"]), np.array(["c", "d"])]
+    assert collate(strings).tolist() == [["a", "b"], ["c", "d"]]
+    with pytest.raises(TypeError, match=r"default_collate: .* dtype <U1 .* indices 0, 1"):
+        collate(strings, torch_rules=True)
+    objects = [np.array([object()]), np.array([object()])]
+    with pytest.raises(TypeError, match="dtype object"):
+        collate(objects, torch_rules=True)
+
+
+@pytest.mark.parametrize("num_workers, shared", [(0, True), (2, True), (2, False)])
+def test_collate_fn_may_return_a_namedtuple_that_checks_its_fields(num_workers, shared):
+    samples = [(np.full(3, i, np.int32),) for i in range(6)]
+    batches = load_all(samples, 3, num_workers=num_workers, use_shared_mem=shared,
+                       collate_fn=make_checked)
+    assert [type(b) for b in batches] == [Checked, Checked]
+    np.testing.assert_array_equal(batches[1].x, np.repeat(np.arange(3, 6), 3).reshape(3, 3))
+    assert batches[1].n == 3

@@ -250,3 +250,36 @@ def test_random_split_refuses_bad_lengths(lengths):
     with pytest.raises(ValueError) as info:
         random_split(Range(10), lengths, seed=0)
     assert str(lengths) in str(info.value) or "length" in str(info.value)
+
+
+def test_subset_slices_and_lists_give_what_the_dataset_gives():
+    # As PyTorch's Subset: the dataset indexed by the list of chosen indices
+    # (an ArrayDataset's rows, stacked), not another Subset.
+    x = np.arange(40).reshape(20, 2)
+    y = np.arange(20) + 100
+    ds = ArrayDataset(x, y)
+    sub = Subset(ds, [3, 17, 5, 0, 11])
+    rows, labels = sub[1:4]
+    np.testing.assert_array_equal(rows, x[[17, 5, 0]])
+    np.testing.assert_array_equal(labels, [117, 105, 100])
+    rows, labels = sub[[4, 0]]
+    np.testing.assert_array_equal(labels, [111, 103])
+    inner = Subset(Subset(ds, [9, 8, 7, 6]), [3, 1])
+    np.testing.assert_array_equal(inner[:][1], [106, 108])
+
+    class Recording:
+        """Records the keys it is indexed with."""
+
+        def __init__(self):
+            self.keys = []
+
+        def __len__(self):
+            return 10
+
+        def __getitem__(self, key):
+            self.keys.append(key)
+            return key
+
+    rec = Recording()
+    assert Subset(rec, [7, 2, 2, 9])[::2] == [7, 2]
+    assert type(rec.keys[0]) is list and all(type(k) is int for k in rec.keys[0])
