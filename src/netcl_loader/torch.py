@@ -315,9 +315,16 @@ rank, world_size
         try:
             # PyTorch's constructor sets its attributes as PyTorch does (and
             # refuses what PyTorch refuses, with its messages).
-            super().__init__(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers,
-                             collate_fn, pin_memory, drop_last, timeout, worker_init_fn,
-                             multiprocessing_context, generator, prefetch_factor=prefetch_factor,
+            # By keyword: a framework that records the arguments of this call
+            # (Lightning, when this class was imported after its hook began)
+            # passes them back with a sampler of its own by keyword.
+            super().__init__(dataset=dataset, batch_size=batch_size, shuffle=shuffle,
+                             sampler=sampler, batch_sampler=batch_sampler,
+                             num_workers=num_workers, collate_fn=collate_fn,
+                             pin_memory=pin_memory, drop_last=drop_last, timeout=timeout,
+                             worker_init_fn=worker_init_fn,
+                             multiprocessing_context=multiprocessing_context,
+                             generator=generator, prefetch_factor=prefetch_factor,
                              persistent_workers=persistent_workers,
                              pin_memory_device=pin_memory_device, in_order=in_order)
         except BaseException:
@@ -354,6 +361,14 @@ rank, world_size
         self.world_size = world_size
         self.output = output
         self.worker_seeding = worker_seeding
+        saved = self.__dict__.get("__pl_saved_kwargs")
+        if isinstance(saved, dict) and "in_order" in saved and "seed" not in saved:
+            # Lightning recorded PyTorch's __init__ call alone (this class's
+            # __init__ was not wrapped): it re-creates the loader from what it
+            # recorded, so this package's keywords go with them.
+            saved.update(seed=self.seed, transforms=transforms, use_shared_mem=use_shared_mem,
+                         zero_copy=zero_copy, prefetch=prefetch, rank=rank,
+                         world_size=world_size, output=output, worker_seeding=worker_seeding)
         object.__setattr__(self, "_built_in", built_in)
         object.__setattr__(self, "_drawn_seed", eng.seed)
         object.__setattr__(self, "_engine", eng)
@@ -433,7 +448,10 @@ rank, world_size
         it = iter(eng)
         object.__setattr__(self, "_iterated", True)
         if self._dataset_kind == _DatasetKind.Iterable and self._IterableDataset_len_called is not None:
-            return _LengthWarning(it, self)
+            it = _LengthWarning(it, self)
+        gradient_state = _accelerate_gradient_state()
+        if gradient_state is not None:
+            it = _AccelerateEpoch(it, gradient_state)
         return it
 
     def __iter__(self):
@@ -600,3 +618,83 @@ class _LengthWarning:
 
     def __getattr__(self, name):
         return getattr(self._it, name)
+
+
+def _accelerate_gradient_state():
+    """Accelerate's ``GradientState`` when an ``Accelerator`` exists in this process, else None."""
+    state = sys.modules.get("accelerate.state")
+    gradient_state = getattr(state, "GradientState", None)
+    if gradient_state is None or not getattr(gradient_state, "_shared_state", None):
+        return None
+    try:
+        return gradient_state()
+    except Exception:
+        return None
+
+
+class _AccelerateEpoch:
+    """An iteration that tells Accelerate where the epoch ends, as its own loaders do.
+
+    Accelerate's gradient accumulation syncs at every ``gradient_accumulation_steps``-th
+    batch and at the last batch of the epoch; it learns of the last batch from
+    the loaders it prepared (``end_of_dataloader`` of the active one).  A loader
+    kept out of ``prepare()`` (to keep this engine) takes part the same way: it
+    is the active loader while it iterates, and says so at its last batch.
+    ``remainder`` is -1 (unknown): ``gather_for_metrics`` truncates nothing.
+    """
+
+    def __init__(self, it, gradient_state):
+        self._it = it
+        self._gradient_state = gradient_state
+        self.end_of_dataloader = False
+        self.remainder = -1
+        try:
+            self._left = len(it)
+        except TypeError:
+            self._left = None  # an iterable dataset without a length: one batch ahead
+        self._ahead = _NOTHING
+        gradient_state._add_dataloader(self)
+
+    def __iter__(self):
+        return self
+
+    def __len__(self):
+        return len(self._it)
+
+    def _end(self):
+        if self._gradient_state is not None:
+            self._gradient_state._remove_dataloader(self)
+            self._gradient_state = None
+
+    def __next__(self):
+        if self._left is not None:
+            try:
+                batch = next(self._it)
+            except StopIteration:
+                self._end()
+                raise
+            self._left -= 1
+            if self._left <= 0:
+                self.end_of_dataloader = True
+            return batch
+        if self._ahead is _NOTHING:
+            try:
+                self._ahead = next(self._it)
+            except StopIteration:
+                self._end()
+                raise
+        batch = self._ahead
+        try:
+            self._ahead = next(self._it)
+        except StopIteration:
+            self._ahead = _NOTHING
+            self._left = 0
+            self.end_of_dataloader = True
+        return batch
+
+    def __getattr__(self, name):
+        return getattr(self._it, name)
+
+
+#: No batch read ahead.
+_NOTHING = object()

@@ -1,0 +1,449 @@
+"""The PyTorch face inside the frameworks (SPEC §10): Lightning, Accelerate, Hugging Face datasets.
+
+Each test runs the real framework with PyTorch's own ``torch.utils.data.DataLoader``
+as the oracle, in the same program, next to ``netcl_loader.torch.DataLoader``
+on the same data: what each rank sees, which loader class ran (ours, with its
+engine: its stats count the batches it made), the gradient-sync sequence, what
+a resumed run yields.  Multi-process runs (Lightning's ``ddp`` and
+``ddp_spawn`` on 2 CPU processes with gloo) and the framework runs that keep
+global state run in a child interpreter with a timeout (tests/procs.py).
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the PyTorch face needs torch")
+from torch.utils import data as tud  # noqa: E402
+
+import procs  # noqa: E402
+from netcl_loader.torch import DataLoader as TorchLoader  # noqa: E402
+
+#: Bound on a child program that runs a framework (imports, process start, gloo).
+FRAMEWORK_TIMEOUT_SECONDS = 240
+#: Samples of the framework runs: 10 batches of 4, 5 of 8.
+N = 40
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+
+
+def _need(module):
+    return pytest.importorskip(module, reason=f"the framework tests need {module} "
+                                              f"(pip install torch==2.13.0 {module})")
+
+
+def run_program(code, *args):
+    """Run ``code`` in a child interpreter (its own session: on a timeout every process
+    it started, ranks and workers, is killed); the JSON it printed after ``RESULT=``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = procs.write_program(tmp, textwrap.dedent(code))
+        child = subprocess.Popen([sys.executable, path, *args], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, env=procs.child_env(),
+                                 cwd=tmp, start_new_session=True)
+        try:
+            stdout, stderr = child.communicate(timeout=FRAMEWORK_TIMEOUT_SECONDS)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            stdout, stderr = child.communicate()
+            pytest.fail(f"child program ran past {FRAMEWORK_TIMEOUT_SECONDS} s:\n"
+                        f"{stdout[-3000:]}\n{stderr[-6000:]}")
+    out = procs.results(stdout)
+    assert child.returncode == 0 and "RESULT" in out, (
+        f"child program failed (exit {child.returncode}):\n{stdout[-3000:]}\n{stderr[-6000:]}")
+    return json.loads(out["RESULT"]), stderr
+
+
+#: What the Lightning programs share: a dataset whose sample i is (four i's, i),
+#: a transform of this package (x + 1000, run in our workers) and a tiny model
+#: that records the indices each step saw.
+LIGHTNING_COMMON = """
+import json, os, sys, warnings
+import torch
+import lightning as L
+from torch.utils.data import DataLoader as TorchDL, Dataset
+from netcl_loader.torch import DataLoader as OurDL
+
+N = 40
+OFFSET = 1000.0
+
+
+class Indexed(Dataset):
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        return torch.full((4,), float(i)), i
+
+
+def offset(x, i):
+    return x + OFFSET, i
+
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+        self.seen = {"train": [], "val": [], "predict": []}
+        self.offsets_ok = True
+
+    def _record(self, kind, batch):
+        if isinstance(batch, dict):  # {"torch": (x, i), "ours": (x, i)}
+            for name, (x, i) in batch.items():
+                self.seen[kind].append([self.current_epoch, name, i.tolist()])
+                if name == "ours":
+                    self.offsets_ok &= bool(torch.equal(x[:, 0], i.float() + OFFSET))
+            return sum(self.layer(x).sum() for x, _ in batch.values())
+        x, i = batch
+        self.seen[kind].append([self.current_epoch, i.tolist()])
+        return self.layer(x).sum()
+
+    def training_step(self, batch, batch_idx):
+        return self._record("train", batch)
+
+    def validation_step(self, batch, batch_idx):
+        self._record("val", batch)
+
+    def predict_step(self, batch, batch_idx):
+        self._record("predict", batch)
+        return batch[1]
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def trainer(**kw):
+    return L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False,
+                     enable_model_summary=False, **kw)
+
+
+def describe(loader):
+    return {"class": type(loader).__module__ + "." + type(loader).__name__,
+            "sampler": type(loader.sampler).__name__,
+            "engine_batches": loader.stats.batches if isinstance(loader, OurDL) else None,
+            "seed": getattr(loader, "seed", None),
+            "transforms": repr(getattr(loader, "transforms", None))}
+"""
+
+
+def _epochs(seen, epochs, name=None):
+    """Indices seen per epoch (of loader ``name`` in combined batches)."""
+    out = [[] for _ in range(epochs)]
+    for rec in seen:
+        if name is None:
+            epoch, idx = rec
+        else:
+            epoch, which, idx = rec
+            if which != name:
+                continue
+        out[epoch] += idx
+    return out
+
+
+# -- Lightning ---------------------------------------------------------------------------
+
+ONE_DEVICE = LIGHTNING_COMMON + """
+def run(make):
+    class Hooks(Model):
+        def train_dataloader(self):
+            return make(Indexed(), batch_size=4, shuffle=True, num_workers=2)
+
+        def val_dataloader(self):
+            return make(Indexed(), batch_size=8, num_workers=2)
+
+        def predict_dataloader(self):
+            return make(Indexed(), batch_size=8, num_workers=2)
+
+    model = Hooks()
+    t = trainer(devices=1, max_epochs=2, enable_checkpointing=False)
+    t.fit(model)
+    train = describe(t.train_dataloader)
+    predictions = t.predict(model)
+    return {"seen": model.seen, "train_loader": train,
+            "predict_loader": describe(t.predict_dataloaders),
+            "predictions": [p.tolist() for p in predictions]}
+
+
+result = {"torch": run(TorchDL), "ours": run(OurDL)}
+print("RESULT=" + json.dumps(result))
+"""
+
+
+def test_lightning_fit_on_one_device_with_workers_validation_and_predict():
+    _need("lightning")
+    got, _ = run_program(ONE_DEVICE)
+    for name in ("torch", "ours"):
+        seen = got[name]["seen"]
+        # Every sample once per epoch (the shuffled orders differ by design).
+        for epoch, idx in enumerate(_epochs(seen["train"], 2)):
+            assert sorted(idx) == list(range(N)), (name, epoch, idx)
+    # Validation (the sanity check, then each epoch) and predict: the same
+    # batches as PyTorch's loader, in the same order.
+    assert got["ours"]["seen"]["val"] == got["torch"]["seen"]["val"]
+    assert got["ours"]["seen"]["predict"] == got["torch"]["seen"]["predict"]
+    assert got["ours"]["predictions"] == got["torch"]["predictions"] == [
+        list(range(k, k + 8)) for k in range(0, N, 8)]
+    ours = got["ours"]["train_loader"]
+    assert ours["class"] == "netcl_loader.torch.DataLoader"
+    assert ours["engine_batches"] == 2 * N // 4  # our engine made every training batch
+    # Lightning re-created the predict loader (to track indices) as ours.
+    assert got["ours"]["predict_loader"]["class"] == "netcl_loader.torch.DataLoader"
+    assert got["torch"]["train_loader"]["class"] == "torch.utils.data.dataloader.DataLoader"
+
+
+DISTRIBUTED = LIGHTNING_COMMON + """
+strategy = sys.argv[1]
+
+
+def loaders():
+    return {"torch": TorchDL(Indexed(), batch_size=4, shuffle=True, num_workers=2),
+            "ours": OurDL(Indexed(), batch_size=4, shuffle=True, num_workers=2, seed=123,
+                          transforms=offset)}
+
+
+class Both(Model):
+    def on_train_end(self):
+        try:
+            combined = self.trainer.train_dataloader
+            rec = {"seen": self.seen["train"], "offsets_ok": self.offsets_ok,
+                   "loaders": {k: describe(v) for k, v in combined.items()}}
+            with open(f"rank{self.global_rank}.json", "w") as f:
+                json.dump(rec, f)
+        finally:
+            self.trainer.strategy.barrier()  # never leave the other rank waiting
+
+
+if strategy == "ddp":
+    # Loaders from the hook: Lightning records their arguments and re-creates them.
+    class Hooked(Both):
+        def train_dataloader(self):
+            return loaders()
+    model, kw = Hooked(), {}
+else:
+    # Loaders passed to fit(): ddp_spawn pickles them to start its processes,
+    # and Lightning re-creates them from their attributes.
+    model, kw = Both(), {"train_dataloaders": loaders()}
+
+if __name__ == "__main__":
+    t = trainer(devices=2, strategy=strategy, max_epochs=2, enable_checkpointing=False)
+    t.fit(model, **kw)
+    if t.global_rank == 0:
+        ranks = [json.load(open(f"rank{r}.json")) for r in range(2)]
+        print("RESULT=" + json.dumps(ranks))
+"""
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_lightning_ddp_each_rank_sees_what_pytorchs_loader_gives_it(strategy):
+    """Lightning injects its DistributedSampler into our loader as into PyTorch's: each of
+    the 2 ranks sees the same samples in the same order as with PyTorch's loader, and the
+    loader that ran is ours (its engine made the batches, its seed and transforms kept)."""
+    _need("lightning")
+    ranks, _ = run_program(DISTRIBUTED, strategy)
+    per_rank = []
+    for r, rec in enumerate(ranks):
+        ours = rec["loaders"]["ours"]
+        assert ours["class"] == "netcl_loader.torch.DataLoader", ours
+        assert ours["sampler"] == "DistributedSampler"
+        assert ours["engine_batches"] == 2 * (N // 2) // 4  # 5 batches a rank, 2 epochs
+        assert ours["seed"] == 123 and "offset" in ours["transforms"]
+        assert rec["offsets_ok"], "our transforms did not run on every batch"
+        want = _epochs(rec["seen"], 2, "torch")
+        got = _epochs(rec["seen"], 2, "ours")
+        assert got == want, (r, got, want)
+        assert all(len(e) == N // 2 for e in got)
+        per_rank.append(got)
+    for epoch in range(2):  # the ranks share the dataset, each sample once
+        assert sorted(per_rank[0][epoch] + per_rank[1][epoch]) == list(range(N))
+
+
+RESUME = LIGHTNING_COMMON + """
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+out = os.getcwd()
+
+
+def run(name, make, ckpt=None):
+    model = Model()
+    loader = make(Indexed(), batch_size=4, shuffle=True, num_workers=2)
+    callbacks = [] if ckpt else [ModelCheckpoint(dirpath=out, filename=name + "-{step}",
+                                                 every_n_train_steps=3, save_top_k=-1)]
+    t = trainer(devices=1, max_epochs=2, callbacks=callbacks, enable_checkpointing=not ckpt)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t.fit(model, train_dataloaders=loader, ckpt_path=ckpt)
+    not_resumable = any("not resumable" in str(w.message) for w in caught)
+    return model.seen["train"], not_resumable
+
+
+result = {}
+for name, make in (("torch", lambda *a, **k: TorchDL(*a, generator=torch.Generator().manual_seed(3), **k)),
+                   ("ours", lambda *a, **k: OurDL(*a, seed=3, **k))):
+    first, _ = run(name, make)
+    resumed, warned = run(name, make, os.path.join(out, name + "-step=3.ckpt"))
+    result[name] = {"first": first, "resumed": resumed, "warned": warned}
+print("RESULT=" + json.dumps(result))
+"""
+
+
+def test_lightning_resumes_a_mid_epoch_checkpoint_exactly():
+    """fit(ckpt_path=) from a checkpoint taken after 3 of 10 batches: our loader is
+    resumable (state_dict/load_state_dict), so the resumed run yields exactly the 7
+    batches the interrupted epoch had left, then the same next epoch.  PyTorch's loader
+    is not: Lightning warns, and the rest of the epoch comes from a new shuffle."""
+    _need("lightning")
+    got, _ = run_program(RESUME)
+    ours = got["ours"]
+    first = _epochs(ours["first"], 2)
+    resumed = _epochs(ours["resumed"], 2)
+    assert resumed[0] == first[0][3 * 4:], (resumed[0], first[0])
+    assert resumed[1] == first[1]
+    assert sorted(first[0][:12] + resumed[0]) == list(range(N))
+    assert not ours["warned"]
+    # The oracle: PyTorch's loader restarts its shuffle, and Lightning says so.
+    torch_first = _epochs(got["torch"]["first"], 2)
+    torch_resumed = _epochs(got["torch"]["resumed"], 2)
+    assert got["torch"]["warned"]
+    assert len(torch_resumed[0]) == len(resumed[0]) == N - 12
+    assert torch_resumed[0] != torch_first[0][12:]
+
+
+# -- Accelerate -------------------------------------------------------------------------
+
+ACCELERATE = """
+import json, warnings
+import torch
+from torch.utils.data import DataLoader as TorchDL, TensorDataset
+from accelerate import Accelerator
+from netcl_loader.torch import DataLoader as OurDL
+
+#: 28 samples in batches of 4: 7 batches an epoch; sync every 4 and at the end.
+ds = TensorDataset(torch.arange(28.0).reshape(28, 1), torch.arange(28))
+
+
+def run(make, num_workers, prepare, shuffle=True):
+    acc = Accelerator(gradient_accumulation_steps=4, cpu=True)
+    loader = make(ds, batch_size=4, shuffle=shuffle, num_workers=num_workers)
+    model = torch.nn.Linear(1, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if prepare:
+            model, opt, loader = acc.prepare(model, opt, loader)
+        else:
+            model, opt = acc.prepare(model, opt)
+    ours_warned = [str(w.message) for w in caught if "netcl_loader" in str(w.message)]
+    syncs, epochs = [], []
+    for epoch in range(2):
+        s, seen = [], []
+        for x, y in loader:
+            with acc.accumulate(model):
+                loss = model(x).sum()
+                acc.backward(loss)
+                opt.step()
+                opt.zero_grad()
+                s.append(acc.sync_gradients)
+                seen += y.tolist()
+        syncs.append(s)
+        epochs.append(seen)
+    skipped = [y.tolist() for _, y in acc.skip_first_batches(loader, 2)]
+    acc.free_memory()
+    return {"syncs": syncs, "epochs": epochs, "skipped": skipped, "warnings": ours_warned,
+            "class": type(loader).__name__}
+
+
+result = {}
+for w in (0, 2):
+    result[f"torch-{w}"] = run(TorchDL, w, True)
+    result[f"ours-{w}"] = run(OurDL, w, True)
+    result[f"ours-kept-{w}"] = run(OurDL, w, False)  # not prepared: our engine
+    result[f"torch-seq-{w}"] = run(TorchDL, w, True, shuffle=False)
+    result[f"ours-seq-{w}"] = run(OurDL, w, True, shuffle=False)
+    result[f"ours-kept-seq-{w}"] = run(OurDL, w, False, shuffle=False)
+print("RESULT=" + json.dumps(result))
+"""
+
+
+def test_accelerate_prepare_accumulation_and_skip_first_batches():
+    """Accelerate rebuilds prepared loaders as PyTorch's class: ours then gives PyTorch's
+    behaviour (the gradient-sync sequence, every sample once an epoch, skip_first_batches)
+    and exactly one warning that says how to keep our engine.  Kept out of prepare(), our
+    loader tells Accelerate where its epochs end: the same sync sequence."""
+    _need("accelerate")
+    got, _ = run_program(ACCELERATE)
+    want_syncs = [[False, False, False, True, False, False, True]] * 2
+    for w in (0, 2):
+        assert got[f"torch-{w}"]["syncs"] == want_syncs  # the oracle
+        for name in (f"ours-{w}", f"ours-kept-{w}"):
+            r = got[name]
+            assert r["syncs"] == got[f"torch-{w}"]["syncs"], (name, r["syncs"])
+            assert all(sorted(e) == list(range(28)) for e in r["epochs"]), name
+            assert r["epochs"][0] != r["epochs"][1], f"{name}: no new shuffle each epoch"
+            assert len(r["skipped"]) == len(got[f"torch-{w}"]["skipped"]) == 5
+        prepared = got[f"ours-{w}"]
+        assert len(prepared["warnings"]) == 1, prepared["warnings"]
+        assert "rank=" in prepared["warnings"][0] and "world_size=" in prepared["warnings"][0]
+        assert got[f"ours-kept-{w}"]["warnings"] == []
+        assert got[f"ours-kept-{w}"]["class"] == "DataLoader"
+        # Unshuffled: the same batches, and skip_first_batches skips the same two.
+        for name in (f"ours-seq-{w}", f"ours-kept-seq-{w}"):
+            assert got[name]["epochs"] == got[f"torch-seq-{w}"]["epochs"]
+            assert got[name]["skipped"] == got[f"torch-seq-{w}"]["skipped"] == [
+                list(range(k, k + 4)) for k in range(8, 28, 4)]
+
+
+# -- Hugging Face datasets ------------------------------------------------------------------
+
+def _hf_table(n=22):
+    rng = np.random.default_rng(0)
+    return {"pixels": rng.integers(0, 255, (n, 3, 4), dtype=np.uint8).tolist(),
+            "label": list(range(n)), "score": rng.random(n).tolist()}
+
+
+def assert_same(got, want, path="batch"):
+    assert type(got) is type(want), f"{path}: {type(got).__name__} vs {type(want).__name__}"
+    if isinstance(want, torch.Tensor):
+        assert got.dtype == want.dtype and got.shape == want.shape, path
+        assert torch.equal(got, want), path
+    elif isinstance(want, dict):
+        assert list(got) == list(want), path
+        for k in want:
+            assert_same(got[k], want[k], f"{path}[{k!r}]")
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want), path
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_same(g, w, f"{path}[{i}]")
+    else:
+        assert got == want, path
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("fmt", ["torch", "numpy"])
+def test_hugging_face_dataset_formats_give_pytorchs_batches(fmt, num_workers):
+    datasets = _need("datasets")
+    ds = datasets.Dataset.from_dict(_hf_table()).with_format(fmt)
+    want = list(tud.DataLoader(ds, batch_size=4, num_workers=num_workers))
+    with TorchLoader(ds, batch_size=4, num_workers=num_workers, timeout=60) as loader:
+        got = list(loader)
+    assert len(got) == len(want) == 6
+    for k, (g, w) in enumerate(zip(got, want)):
+        assert_same(g, w, f"batch {k}")
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_hugging_face_iterable_dataset_gives_pytorchs_batches(num_workers):
+    datasets = _need("datasets")
+    ds = datasets.Dataset.from_dict(_hf_table()).to_iterable_dataset(num_shards=2)
+    ds = ds.with_format("torch")
+    want = list(tud.DataLoader(ds, batch_size=4, num_workers=num_workers))
+    with TorchLoader(ds, batch_size=4, num_workers=num_workers, timeout=60) as loader:
+        got = list(loader)
+    assert sorted(i for b in want for i in b["label"].tolist()) == list(range(22))
+    assert len(got) == len(want)
+    for k, (g, w) in enumerate(zip(got, want)):
+        assert_same(g, w, f"batch {k}")
