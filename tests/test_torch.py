@@ -1083,3 +1083,259 @@ def test_workers_draw_anew_each_epoch_without_persistent_workers():
     assert want[0] != want[1]
     got = _draws(TorchLoader)
     assert got[0] != got[1], f"epoch 1 repeats epoch 0's random draws: {got}"
+
+
+# -- the face is a torch.utils.data.DataLoader: attributes, reassignment, pickling ------------
+
+#: Attributes PyTorch sets in its DataLoader.__init__, compared by value.
+TORCH_ATTRIBUTES = ("batch_size", "drop_last", "num_workers", "pin_memory", "timeout",
+                    "worker_init_fn", "generator", "prefetch_factor", "persistent_workers",
+                    "pin_memory_device", "in_order", "_dataset_kind",
+                    "_IterableDataset_len_called")
+
+
+def _worker_init(worker_id):
+    pass
+
+
+class SizedStream(TorchShardedStream):
+    """A sharded stream that knows its length."""
+
+    def __len__(self):
+        return N
+
+
+ATTRIBUTE_CASES = {
+    "defaults": lambda ds: {},
+    "shuffled": lambda ds: {"batch_size": BATCH, "shuffle": True},
+    "drop_last_workers": lambda ds: {"batch_size": 5, "drop_last": True, "num_workers": 2,
+                                     "prefetch_factor": 3, "multiprocessing_context": "spawn",
+                                     "worker_init_fn": _worker_init, "timeout": 5},
+    "sampler": lambda ds: {"batch_size": 3, "sampler": ListSampler([4, 1, 7])},
+    "batch_sampler": lambda ds: {"batch_sampler": tud.BatchSampler(tud.SequentialSampler(ds),
+                                                                   3, False)},
+    "no_batching": lambda ds: {"batch_size": None, "generator": _generator(5)},
+    "iterable": None,
+}
+
+
+@pytest.mark.parametrize("case", list(ATTRIBUTE_CASES))
+def test_torch_face_attributes_read_as_pytorch_sets_them(case):
+    if case == "iterable":
+        ds, kw = SizedStream(), {"batch_size": BATCH, "num_workers": 2}
+    else:
+        ds = tensor_dataset()
+        kw = ATTRIBUTE_CASES[case](ds)
+    want = tud.DataLoader(ds, **kw)
+    with TorchLoader(ds, **kw) as got:
+        assert isinstance(got, tud.DataLoader)
+        for name in TORCH_ATTRIBUTES:
+            assert getattr(got, name) == getattr(want, name), name
+        assert got.dataset is ds
+        assert got.collate_fn is want.collate_fn  # default_collate / default_convert / None
+        assert type(got.multiprocessing_context) is type(want.multiprocessing_context)
+        assert isinstance(got.sampler, type(want.sampler)), (got.sampler, want.sampler)
+        assert type(got.batch_sampler) is type(want.batch_sampler)
+        if isinstance(want.batch_sampler, tud.BatchSampler):
+            assert (got.batch_sampler.batch_size, got.batch_sampler.drop_last) == (
+                want.batch_sampler.batch_size, want.batch_sampler.drop_last)
+        assert got._auto_collation == want._auto_collation
+        assert len(got) == len(want)
+        if case == "iterable":  # len() recorded, as PyTorch records it
+            assert got._IterableDataset_len_called == want._IterableDataset_len_called == N
+        if not kw.get("shuffle"):
+            assert_same_batches(list(got), list(want))
+
+
+def test_torch_face_is_subscriptable_for_annotations():
+    import typing
+    alias = TorchLoader[typing.List[torch.Tensor]]
+    assert typing.get_origin(alias) is TorchLoader
+    assert typing.get_args(alias) == (typing.List[torch.Tensor],)
+
+
+def test_torch_face_shuffled_sampler_iterates_in_the_loaders_order():
+    """loader.sampler is a RandomSampler that gives what the loader yields: the epoch
+    being iterated, else the next one, and set_epoch moves both."""
+    ds = rows(N)  # sample i: (four i's, i)
+    with TorchLoader(ds, batch_size=BATCH, shuffle=True, num_workers=2, seed=4,
+                     timeout=BATCH_TIMEOUT_SECONDS) as loader:
+        assert isinstance(loader.sampler, tud.RandomSampler)
+        assert loader.batch_sampler.sampler is loader.sampler
+        for _ in range(3):
+            want = list(loader.sampler)
+            assert sorted(want) == list(range(N))
+            it = iter(loader)
+            first = next(it)
+            assert list(loader.sampler) == want  # during the epoch: the same order
+            got = [int(i) for i in first[1]] + [int(i) for b in it for i in b[1]]
+            assert got == want
+        loader.sampler.set_epoch(7)
+        want = list(loader.sampler)
+        assert [int(i) for b in loader for i in b[1]] == want
+        loader.set_epoch(7)
+        assert list(loader.sampler) == want
+
+
+def test_torch_face_batch_sampler_rebuilds_the_same_batches_in_pytorchs_loader():
+    """A framework that builds PyTorch's loader around our batch_sampler and collate_fn
+    (Accelerate does) gets the batches our loader yields."""
+    ds = rows(N)  # sample i: (four i's, i)
+    with TorchLoader(ds, batch_size=BATCH, shuffle=True, seed=9) as loader:
+        rebuilt = tud.DataLoader(ds, batch_sampler=loader.batch_sampler,
+                                 collate_fn=loader.collate_fn)
+        want = list(rebuilt)
+        got = list(loader)
+    assert_same_batches(got, want)
+
+
+FROZEN = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset",
+          "persistent_workers")
+
+
+@pytest.mark.parametrize("name", FROZEN)
+def test_torch_face_refuses_reassignment_as_pytorch_does(name):
+    ds = tensor_dataset()
+    want = tud.DataLoader(ds, batch_size=BATCH)
+    with pytest.raises(ValueError) as torch_exc:
+        setattr(want, name, getattr(want, name))
+    with TorchLoader(ds, batch_size=BATCH) as got:
+        with pytest.raises(ValueError) as our_exc:
+            setattr(got, name, getattr(got, name))
+    assert str(our_exc.value) == str(torch_exc.value)
+
+
+def _tagging_collate(samples):
+    return ("tagged", len(samples))
+
+
+def test_torch_face_reassigned_attributes_take_effect_at_the_next_iteration():
+    ds = rows(N)  # sample i: (four i's, i)
+    with TorchLoader(ds, batch_size=BATCH, shuffle=True, seed=2) as loader:
+        first = list(loader)
+        loader.collate_fn = _tagging_collate
+        assert list(loader) == [("tagged", BATCH)] * 5 + [("tagged", N % BATCH)]
+        loader.collate_fn = tud.default_collate
+        loader.num_workers = 2
+        loader.timeout = BATCH_TIMEOUT_SECONDS
+        it = iter(loader)
+        third = [next(it)]
+        assert len(loader.worker_pids) == 2, "num_workers=2 was not taken up"
+        third += list(it)
+        assert sorted(int(i) for b in third for i in b[1]) == list(range(N))
+        assert [b[1].tolist() for b in third] != [b[1].tolist() for b in first]  # epoch 2
+
+
+def test_torch_face_multiprocessing_context_without_workers_is_pytorchs_value_error():
+    with pytest.raises(ValueError, match="multiprocessing_context"):
+        tud.DataLoader(tensor_dataset(), multiprocessing_context="spawn")
+    with pytest.raises(ValueError, match="multiprocessing_context") as exc:
+        TorchLoader(tensor_dataset(), multiprocessing_context="spawn")
+    assert "num_workers=0" in str(exc.value)
+
+
+def _worker_warnings(make, num_workers):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = make(tensor_dataset(), num_workers=num_workers)
+        if isinstance(loader, TorchLoader):
+            loader.close()
+    return [str(w.message) for w in caught if "worker processes" in str(w.message)]
+
+
+def test_torch_face_warns_as_pytorch_for_more_workers_than_cpus():
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    want = _worker_warnings(tud.DataLoader, usable + 1)
+    got = _worker_warnings(TorchLoader, usable + 1)
+    assert want and got == want
+    assert _worker_warnings(TorchLoader, 1) == []
+
+
+class LongerThanItsLength(tud.IterableDataset):
+    """Says 3 samples, yields 8."""
+
+    def __len__(self):
+        return 3
+
+    def __iter__(self):
+        return iter(range(8))
+
+
+def _length_warnings(make):
+    loader = make(LongerThanItsLength(), batch_size=None)
+    assert len(loader) == 3
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = [int(b) for b in loader]
+    if isinstance(loader, TorchLoader):
+        loader.close()
+    return got, [str(w.message) for w in caught if "Length of IterableDataset" in str(w.message)]
+
+
+def test_torch_face_warns_as_pytorch_when_an_iterable_dataset_outgrows_its_length():
+    want, want_warnings = _length_warnings(tud.DataLoader)
+    got, got_warnings = _length_warnings(TorchLoader)
+    assert got == want == list(range(8))
+    assert len(want_warnings) == 5
+    # The same text, but for the dataset's repr (another object each time).
+    strip = [w.split(" was reported")[1] for w in want_warnings]
+    assert [w.split(" was reported")[1] for w in got_warnings] == strip
+
+
+def test_torch_face_timeout_is_caught_as_pytorchs_runtime_error():
+    with pytest.raises(RuntimeError) as want:
+        next(iter(tud.DataLoader(Slow(2.0, n=2), batch_size=2, num_workers=1, timeout=0.3)))
+    with TorchLoader(Slow(2.0, n=2), batch_size=2, num_workers=1, timeout=0.3) as loader:
+        with pytest.raises(RuntimeError) as got:
+            next(iter(loader))
+    assert str(got.value).startswith(str(want.value))  # "DataLoader timed out after 0.3 seconds"
+    assert isinstance(got.value, TimeoutError) and isinstance(got.value, netcl_loader.LoaderTimeout)
+    import pickle
+    again = pickle.loads(pickle.dumps(got.value))
+    assert type(again) is type(got.value) and str(again) == str(got.value)
+
+
+def test_torch_face_pickles_before_its_first_iteration_and_continues_its_order():
+    import pickle
+    ds = rows(N)  # sample i: (four i's, i)
+    with TorchLoader(ds, batch_size=BATCH, shuffle=True, num_workers=2, seed=6,
+                     timeout=BATCH_TIMEOUT_SECONDS) as loader:
+        copy = pickle.loads(pickle.dumps(loader))
+        assert copy.worker_pids == [] and isinstance(copy.sampler, tud.RandomSampler)
+        want = list(loader)  # epoch 0
+        with copy:
+            assert_same_batches(list(copy), want)
+            # Without persistent workers it pickles after an epoch too (PyTorch's does),
+            # and the copy goes on with the next epoch.
+            later = pickle.loads(pickle.dumps(loader))
+            with later:
+                assert list(later.sampler) == list(loader.sampler)
+                assert_same_batches(list(later), list(loader))
+    assert pickle.loads(pickle.dumps(tud.DataLoader(ds, batch_size=BATCH))) is not None
+
+
+def test_torch_face_with_a_live_persistent_pool_refuses_pickling_as_pytorch_does():
+    import pickle
+    ds = tensor_dataset()
+    want = tud.DataLoader(ds, batch_size=BATCH, num_workers=1, persistent_workers=True)
+    pickle.dumps(want)
+    list(want)
+    with pytest.raises(Exception):
+        pickle.dumps(want)  # PyTorch: its iterator cannot be pickled
+    with TorchLoader(ds, batch_size=BATCH, num_workers=1, persistent_workers=True,
+                     timeout=BATCH_TIMEOUT_SECONDS) as loader:
+        pickle.dumps(loader)
+        list(loader)
+        with pytest.raises(TypeError, match="persistent_workers"):
+            pickle.dumps(loader)
+        loader.close()
+        assert_same_batches(list(pickle.loads(pickle.dumps(loader))), list(want))
+
+
+def test_torch_face_sharded_loader_refuses_accelerates_prepare():
+    """Accelerate would shard a loader already sharded by rank/world_size again."""
+    with TorchLoader(rows(N), batch_size=BATCH, seed=1, rank=0, world_size=2) as loader:
+        with pytest.raises(ValueError, match="world_size=2"):
+            getattr(loader, "_is_accelerate_prepared", False)
+        assert len(list(loader.sampler)) == len(loader.sampler) == (N + 1) // 2
+        assert [int(i) for b in loader for i in b[1]] == list(loader.sampler)
