@@ -517,12 +517,6 @@ rank, world_size
     def __exit__(self, *exc):
         self.close()
 
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
     def __repr__(self):
         eng = self.__dict__.get("_engine")
         return "netcl_loader.torch." + (repr(eng) if eng is not None else "DataLoader()")
