@@ -6,7 +6,8 @@ import warnings
 
 import numpy as np
 
-from ._pool import LEASE_NEXT_CALL, LEASE_REFS, LEASE_UPLOAD, WorkerError
+from ._pool import WorkerError
+from ._slots import LEASE_NEXT_CALL, LEASE_REFS, LEASE_UPLOAD
 from ._errors import LoaderTimeout
 from ._order import Progress, numbered
 from ._protocol import BATCH, END, ERROR, ERROR_END, rebuild_error
@@ -74,14 +75,16 @@ class EpochIterator:
             self._tasks = numbered(loader._batches(epoch), prefix, frozenset(extra))
         self._tasks_left = True
         self.pool = None
+        self.slots = None                # the pool's slot owner: everything about slots
         if not prestarted:
             loader._stats.begin_epoch(epoch)
         if loader.num_workers > 0:
             self.pool = loader._get_pool()
+            self.slots = self.pool.slots
             loader._token = (loader._token + 1) & 0xFFFFFFFF
             self.token = loader._token
-            self.pool.header.set_token(self.token)
-            self.pool.reap(self.token)
+            self.slots.begin(self.token)
+            self.pool.reap()
             self._fill()
             self.pool.kick_all()  # the first batches start now (an early start's point)
         else:
@@ -179,8 +182,8 @@ class EpochIterator:
                 if not self.iterable:
                     self.progress.mark(seq)
                 return self._failed.pop(seq)
-            header = self.pool.header
-            if header.state(slot) == GROW:
+            slots = self.slots
+            if slots.state(slot) == GROW:
                 # The worker waits, its batch half made, for a bigger slot: grown
                 # here (the memory checked first), or the batch's error.
                 try:
@@ -195,7 +198,7 @@ class EpochIterator:
             del self.pending[seq]
             # One compiled call: its state, record, the worker's stage times and
             # the samples its dataset replaced (bad files), before the slot is freed.
-            state, meta_off, meta_len, times, skipped = header.take(slot)
+            state, meta_off, meta_len, times, skipped = slots.take(slot)
             t_decode = time.perf_counter()  # (for a piped batch: after it has arrived)
             if state == READY:
                 try:
@@ -213,7 +216,7 @@ class EpochIterator:
                 stats.record_wait(t_decode - t0)
                 if msg.kind == BATCH:  # use_shared_mem=False
                     stats.piped_batches += 1
-                self.pool.release(slot)
+                slots.release(slot)
                 if msg.kind == END:  # this worker's stream has ended
                     self._ended.add(wid)
                     continue
@@ -238,7 +241,7 @@ class EpochIterator:
         ready yet, the workers must be at work now, not when the caller is back."""
         if self.pending and self.loader.in_order:
             slot = self.pending[next(iter(self.pending))][0]
-            st = self.pool.header.state(slot) if slot is not None else READY
+            st = self.slots.state(slot) if slot is not None else READY
             if st != READY and st != PIPED:
                 self.pool.kick_all()
 
@@ -297,15 +300,15 @@ class EpochIterator:
         return batch
 
     def _fill(self):
-        pool = self.pool
-        while self._tasks_left and len(self.pending) < self.loader.prefetch and pool.free:
+        pool, free = self.pool, self.slots.free
+        while self._tasks_left and len(self.pending) < self.loader.prefetch and free:
             try:
                 seq, indices, wid = self._next_task()
             except StopIteration:
                 self._tasks_left = False
                 break
             try:
-                slot, wid = pool.dispatch(self.token, seq, self.epoch, indices, wid)
+                slot = pool.dispatch(seq, self.epoch, indices, wid)
             except MemoryError as exc:
                 # No memory for its slot: the batch's error, in its place.
                 slot = None
@@ -315,12 +318,11 @@ class EpochIterator:
     def _wait(self):
         """Sleep until the next batch (in order, or any with in_order=False) is published.
 
-        The wait itself is C without the GIL (``wait_slot``/``wait_published``
-        sleep on the ring's wake word); Python runs only at the slice boundary,
+        The wait itself is C without the GIL (``wait_next`` sleeps on the
+        ring's wake word); Python runs only at the slice boundary,
         to check the workers' liveness and the timeout.
         """
-        pool = self.pool
-        header = pool.header
+        slots = self.slots
         pending = self.pending
         in_order = self.loader.in_order
         if in_order:
@@ -330,7 +332,7 @@ class EpochIterator:
             slot, wid, n = pending[found]
             if slot is None:
                 return found, slot, wid, n
-            st = header.state(slot)
+            st = slots.state(slot)
             if st == READY or st == PIPED or st == GROW:
                 return found, slot, wid, n
         # A slot that asks to grow is answered first, whichever it is (its
@@ -341,11 +343,11 @@ class EpochIterator:
             found = failed[0]
         else:
             seqs = [q for q in seqs if pending[q][0] is not None]
-            slots = np.array([pending[q][0] for q in seqs], np.uint32)
+            ready_slots = np.array([pending[q][0] for q in seqs], np.uint32)
             box = []
 
             def ready(ms):
-                k = header.wait_next(slots, not in_order, ms)
+                k = slots.wait_next(ready_slots, not in_order, ms)
                 if k >= 0:
                     box.append(seqs[k])
                 return k >= 0
@@ -375,37 +377,36 @@ class EpochIterator:
             if ready(slice_ms):
                 break
             pool.check_alive()
-            pool.reap(self.token)
+            pool.reap()
         loader._stats.record_wait(time.perf_counter() - t0)
 
     def _wait_for_slot(self):
         """Sleep until a slot is free: stale tasks finish, the caller drops a lent
         batch, or an upload completes."""
-        pool, loader = self.pool, self.loader
-        header = pool.header
+        pool, loader, slots = self.pool, self.loader, self.slots
         pool.kick_all()
         t0 = time.perf_counter()
         while True:
-            seen = header.gen()
-            pool.reap(self.token)
+            seen = slots.gen()
+            pool.reap()
             self._reclaim()
-            if pool.free:
+            if slots.free:
                 break
             pool.check_alive()
             if loader.timeout is not None and time.perf_counter() - t0 >= loader.timeout:
                 self._abandon()
                 raise LoaderTimeout(loader.timeout, f"waiting for a free ring slot (the "
-                                                    f"caller holds {pool.lent_count()} batches)")
-            header.wait_gen(seen, WAIT_SLICE_MS)
+                                                    f"caller holds {slots.lent_count()} batches)")
+            slots.wait_gen(seen, WAIT_SLICE_MS)
         loader._stats.record_wait(time.perf_counter() - t0)
 
     def _reclaim(self, next_call=False):
-        pool = self.pool
-        pool.reclaim(next_call)
-        if not pool.free and pool.leases:
+        slots = self.slots
+        slots.reclaim(next_call)
+        if not slots.free and slots.leases:
             t0 = time.perf_counter()
             # Time the caller waits for the device, too.
-            while not pool.free and pool.wait_oldest_upload():
+            while not slots.free and slots.reclaim_oldest_upload():
                 pass
             self.loader._stats.record_wait(time.perf_counter() - t0)
 
@@ -416,11 +417,11 @@ class EpochIterator:
         Every way out frees or leases the slot: a batch that cannot be decoded
         (no memory for the copy, a record that does not load) frees it.
         """
-        loader, pool = self.loader, self.pool
+        loader, slots = self.loader, self.slots
         # The region's references before any view of it exists (and before
         # `seg` below holds one): a lent slot is free again once back to this.
-        base = pool.refs(slot)
-        seg = pool.ring.segment(slot)
+        base = slots.refs(slot)
+        seg = slots.segment(slot)
         try:
             if loader._uploader is not None:
                 # NumPy views: the uploader copies float32 arrays to the device
@@ -432,7 +433,7 @@ class EpochIterator:
                     return batch
             if loader.zero_copy:
                 mode = "zero_copy"
-            elif loader._uploader is None and pool.lent_count() < MAX_LENT_SLOTS:
+            elif loader._uploader is None and slots.lent_count() < MAX_LENT_SLOTS:
                 mode = "lend"
             else:
                 mode = "copy"
@@ -440,13 +441,13 @@ class EpochIterator:
             batch = decode(seg, meta_off, meta_len, how,
                            loader._out_pool if how == COPY else None, output=loader.output)
         except BaseException:
-            if slot not in pool.leases:
-                pool.release(slot)
+            if slot not in slots.leases:
+                slots.release(slot)
             raise
         if lease is None:
-            pool.release(slot)
+            slots.release(slot)
         else:
-            pool.lease(slot, lease, base if lease == LEASE_REFS else None)
+            slots.lease(slot, lease, base if lease == LEASE_REFS else None)
         return loader._finalize(batch)
 
     def _upload(self, batch, slot=None):
@@ -468,7 +469,7 @@ class EpochIterator:
         loader._stats.uploads += 1
         loader._stats.record_upload(time.perf_counter() - t0)
         if slot is not None:
-            self.pool.lease(slot, LEASE_UPLOAD, gb)
+            self.slots.lease(slot, LEASE_UPLOAD, gb)
         return gb
 
     def _upload_owned(self, batch):
@@ -482,7 +483,7 @@ class EpochIterator:
     def _wait_uploads(self):
         """Wait for this iteration's pending device copies and free their slots."""
         if self.pool is not None and self.pool is self.loader._pool:
-            self.pool.reclaim(wait_uploads=True)
+            self.slots.reclaim(wait_uploads=True)
 
     # -- ending -----------------------------------------------------------------
     def _finish(self):
@@ -508,13 +509,13 @@ class EpochIterator:
             try:
                 # Views expire and uploads are waited for; lent slots stay
                 # leased while the caller holds their arrays.
-                self.pool.reclaim(next_call=True, wait_uploads=True)
+                self.slots.reclaim(next_call=True, wait_uploads=True)
             except Exception:
                 pass
             # Slots still in flight belong to an old token now and are reaped
             # by the next iteration; tell workers to skip their tasks.
             self.loader._token = (self.loader._token + 1) & 0xFFFFFFFF
-            self.pool.header.set_token(self.loader._token)
+            self.slots.begin(self.loader._token)
         self.pending = {}
         self._failed = {}
 

@@ -13,8 +13,8 @@ import numpy as np
 from ._errors import LoaderTimeout
 from ._protocol import (ENTRY_NO_ROOM, ENTRY_PIPED_TASK, ENTRY_REMAP, ENTRY_STOP, ENTRY_TASK,
                         FLAG_PICKLED_INDICES, KIND_REMAP, KIND_TASK, TASK_HEADER, send_fd)
-from ._ring import CANCELLED, GROW, PIPED, READY
 from ._worker import Lifeline, WorkerConfig, worker_loop
+from ._slots import LEASE_NEXT_CALL, LEASE_REFS, LEASE_UPLOAD, NO_ITERATION, Slots
 from .shared_batch import SharedBatchRingBuffer
 
 __all__ = ["Pool", "WorkerError"]
@@ -30,11 +30,6 @@ LIVENESS_CHECK_SECONDS = 0.05
 #: Headroom given to a slot that grows, so that slightly larger batches fit.
 SLOT_GROWTH = 1.25
 
-#: Leases: what frees a slot whose batch was handed to the caller without a
-#: copy.  (A copied or piped batch frees its slot at once, with no lease.)
-LEASE_NEXT_CALL = 1   # zero_copy: read-only views, valid until the next batch is asked for
-LEASE_REFS = 2        # lent: once the caller has dropped every array made from the slot
-LEASE_UPLOAD = 3      # a bound queue: once the batch's device copies have completed
 
 
 class WorkerError(RuntimeError):
@@ -73,7 +68,7 @@ def _shutdown(procs, conns, header, lifeline):
     waited for (the lifeline's EOF makes its watchdog end it), so a
     WorkerError for one dead worker is not held up by the others' work.
     """
-    header.set_token(0xFFFFFFFF)  # no iteration has this token: queued tasks are skipped
+    header.set_token(NO_ITERATION)  # queued tasks are all stale: skipped
     for wid in range(len(procs)):
         header.push(wid, ENTRY_STOP)  # a full queue: the lifeline below ends it
     deadline = time.monotonic() + STOP_SECONDS
@@ -143,13 +138,8 @@ class Pool:
         per_task = loader.batch_size or (1 if loader.batch_sampler is None else 512)
         self.ring = SharedBatchRingBuffer(nslots, 0, task_queues=W, index_bytes=8 * (per_task + 1))
         self.header = self.ring.header
-        self.free = list(range(nslots - 1, -1, -1))
-        self.slot_task = [None] * nslots      # (token, seq, worker id) of an assigned slot
-        self.slot_need = 0                    # bytes a slot should hold, learnt from batches
+        self.slots = Slots(self.ring)         # the one owner of every slot's life
         self.stash = {}                       # (token, seq) -> payload received early
-        # slot -> (LEASE_*, the region's refcount when lent | the GpuBatch):
-        # every slot handed to the caller; reclaim() alone ends leases.
-        self.leases = {}
         self.procs, self.conns = [], []
         self.alive = True
         # Quietly queued tasks per worker, and how many make a wake worth it:
@@ -224,23 +214,23 @@ class Pool:
             When the memory cannot be had (the one check every region passes);
             the worker is told to drop the task, and the slot is freed once it has.
         """
-        needed = self.header.take_grow(slot)  # GROW -> ASSIGNED: the worker waits for word
+        slots = self.slots
+        needed = slots.take_grow(slot)  # GROW -> ASSIGNED: the worker waits for word
         if not needed:
             return
-        size = max(int(needed * SLOT_GROWTH), self.slot_need)
+        size = max(int(needed * SLOT_GROWTH), slots.need)
         try:
             self.grow(slot, size)
         except MemoryError:
             self.push(wid, ENTRY_NO_ROOM | slot)
-            self.drop(slot)
+            slots.drop(slot)
             raise
-        self.slot_need = size
+        slots.need = size
 
-    def drop(self, slot):
-        """Give up the task of ``slot`` (still in a worker's hands): the slot is freed by
-        :meth:`reap` once the worker has published it."""
-        token, seq, wid = self.slot_task[slot]
-        self.slot_task[slot] = (None, seq, wid)  # matches no iteration's token
+    @property
+    def leases(self):
+        """slot -> (LEASE_*, value) of every slot handed to the caller without a copy."""
+        return self.slots.leases
 
     def push(self, wid, entry, wake=True):
         """Queue an entry for worker ``wid`` (a store; a wake only if it sleeps and ``wake``)."""
@@ -270,35 +260,27 @@ class Pool:
             header.kick(wid)
         self.quiet = [0] * len(self.procs)
 
-    def dispatch(self, token, seq, epoch, indices, wid):
-        """Hand task ``seq`` (its ``indices``) and a free slot to worker ``wid``.
+    def dispatch(self, seq, epoch, indices, wid):
+        """Hand task ``seq`` (its ``indices``) of the current iteration and a free slot
+        to worker ``wid``; returns the slot.
 
         The task is queued quietly: a worker that sleeps is woken once it has
         its share of the prefetch queued (one wake per ``share`` tasks, not
         per task), or by :meth:`kick_all` before the main process waits.
+        Raises SharedMemoryError when the slot must grow and the memory cannot
+        be had (the slot stays free).
         """
-        free = self.free
-        slot = free[-1]
-        if self.use_shared_mem and self.ring.capacity(slot) < self.slot_need:
-            # A free slot already big enough, else the last freed one, grown
-            # (may raise SharedMemoryError: the slot stays free).
-            big = [k for k, s in enumerate(free) if self.ring.capacity(s) >= self.slot_need]
-            if big:
-                free[big[-1]], free[-1] = free[-1], free[big[-1]]
-                slot = free[-1]
-            else:
-                self.grow(slot, self.slot_need)
-        free.pop()
-        self.slot_task[slot] = (token, seq, wid)
+        slots = self.slots
+        slot, grow_to = slots.pick()
+        if grow_to and self.use_shared_mem:
+            self.grow(slot, grow_to)
         if isinstance(indices, np.ndarray) and indices.dtype == np.int64:
             idx = indices if indices.flags.c_contiguous else np.ascontiguousarray(indices)
         elif all(type(i) is int or isinstance(i, np.integer) for i in indices):
             idx = np.asarray(indices, np.int64)  # a sampler's ints or NumPy ints
         else:
             idx = None  # not all ints (a sampler's keys): pickled on the pipe
-        # One C call: the task's fields, FREE -> ASSIGNED, the indices in the
-        # slot's index area when they fit.
-        if self.ring.assign(slot, wid + 1, seq, idx, token, epoch):
+        if slots.assign(slot, seq, wid, epoch, idx):
             self.push(wid, ENTRY_TASK | slot, False)
             quiet = self.quiet[wid] + 1
             if quiet >= self.share:
@@ -310,67 +292,10 @@ class Pool:
                 payload, flags = idx.tobytes(), 0
             else:
                 payload, flags = pickle.dumps(list(indices)), FLAG_PICKLED_INDICES
-            self.send(wid, TASK_HEADER.pack(KIND_TASK, flags, token, seq, slot, epoch) + payload)
+            self.send(wid, TASK_HEADER.pack(KIND_TASK, flags, slots.token, seq, slot, epoch)
+                      + payload)
             self.push(wid, ENTRY_PIPED_TASK | slot)
-        return slot, wid
-
-    def refs(self, slot):
-        """References to the region of ``slot`` (each array made from it holds one)."""
-        return self.ring.refs(slot)
-
-    def lease(self, slot, kind, value=None):
-        """Hand ``slot`` to the caller until ``kind``'s condition holds (see LEASE_*)."""
-        self.leases[slot] = (kind, value)
-
-    def lent_count(self):
-        return sum(1 for kind, _ in self.leases.values() if kind == LEASE_REFS)
-
-    def reclaim(self, next_call=False, wait_uploads=False):
-        """Free every leased slot whose condition holds: the one place leases end.
-
-        ``next_call``: the caller asked for the next batch (zero_copy views
-        expire).  ``wait_uploads``: wait for pending device copies first (the
-        end of an iteration, or every slot waiting on the device).
-        """
-        if not self.leases:
-            return
-        first_error = None
-        for slot, (kind, value) in list(self.leases.items()):
-            if kind == LEASE_NEXT_CALL:
-                done = next_call
-            elif kind == LEASE_REFS:
-                done = self.refs(slot) <= value
-            elif wait_uploads:
-                try:
-                    value.wait()  # re-raises a failed copy, once every copy has finished
-                except Exception as exc:
-                    first_error = first_error or exc
-                done = True
-            else:
-                done = value.ready()
-            if done:
-                del self.leases[slot]
-                self.release(slot)
-        if first_error is not None:
-            raise first_error
-
-    def wait_oldest_upload(self):
-        """Every slot waits on an upload (the device is the bottleneck): wait for the
-        oldest, which is the next to finish, and free its slot."""
-        for slot, (kind, gb) in self.leases.items():
-            if kind == LEASE_UPLOAD:
-                del self.leases[slot]
-                try:
-                    gb.wait()
-                finally:
-                    self.release(slot)
-                return True
-        return False
-
-    def release(self, slot):
-        self.slot_task[slot] = None
-        self.ring.free(slot)
-        self.free.append(slot)
+        return slot
 
     def recv(self, wid, token, seq, timeout=None):
         """The pipe payload of batch ``seq`` of iteration ``token`` from worker ``wid``.
@@ -400,8 +325,11 @@ class Pool:
             # slot is PIPED and will ask for it (reap() for a stale one).
             self.stash[(msg.token, msg.seq)] = msg
 
-    def _poll_stale(self, wid, key):
-        """Stash what worker ``wid`` has sent so far; True once ``key``'s payload is in."""
+    def _stale_piped(self, task):
+        """Stash what worker ``task[2]`` has sent so far; True once the payload of the
+        stale batch ``task`` is in (it is dropped: nobody waits for it)."""
+        token, seq, wid = task
+        key = (token, seq)
         conn = self.conns[wid]
         try:
             while key not in self.stash and conn.poll(0):
@@ -409,40 +337,23 @@ class Pool:
                 self.stash[(msg.token, msg.seq)] = msg
         except (EOFError, OSError):
             self.lost(wid)
-        return key in self.stash
+        return self.stash.pop(key, None) is not None
 
-    def reap(self, token):
-        """Free the slots of older iterations whose workers have finished with them.
+    def _refuse(self, wid, slot):
+        self.push(wid, ENTRY_NO_ROOM | slot)
 
-        Never waits: a stale batch still on its way by pipe is freed by a later call.
-        """
-        for slot, task in enumerate(self.slot_task):
-            if task is None or task[0] == token or slot in self.leases:
-                continue  # a leased slot is freed by reclaim()
-            st = self.header.state(slot)
-            if st == GROW:
-                # Nobody waits for this batch any more: the worker drops it.
-                if self.header.take_grow(slot):
-                    self.push(task[2], ENTRY_NO_ROOM | slot)
-                continue
-            if st == PIPED:
-                key = (task[0], task[1])
-                if not self._poll_stale(task[2], key):
-                    continue
-                del self.stash[key]
-            elif st not in (READY, CANCELLED):
-                continue
-            self.release(slot)
+    def reap(self):
+        """Free the slots of older iterations whose workers have finished with them
+        (a worker waiting for a stale slot to grow is told to drop it); never waits."""
+        self.slots.reap(self._refuse, self._stale_piped)
 
-    def check_alive(self, force=False):
+    def check_alive(self):
+        """Raise the WorkerError of the first worker that has exited (closing the pool)."""
         for wid, p in enumerate(self.procs):
             if p.exitcode is not None:
                 msg = _describe_exit(wid, p.pid, p.exitcode)
                 self.close()
                 raise WorkerError(msg, pid=p.pid, exitcode=p.exitcode)
-        if force:
-            self.close()
-            raise WorkerError("lost the connection to a DataLoader worker")
 
     def close(self):
         self.alive = False

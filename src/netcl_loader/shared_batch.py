@@ -379,7 +379,7 @@ class SlotWriter:
             arr = np.empty(shape, dtype)
             self.overflow = True
         else:
-            arr = np.frombuffer(self.segment, dtype, count, off).reshape(shape)
+            arr = np.ndarray(shape, dtype, self.segment, off)  # (frombuffer + reshape: 2x the time)
         self.placed[id(arr)] = (arr, off)
         return arr
 
@@ -460,6 +460,17 @@ class SlotWriter:
     def _signature(self, x):
         """A hashable key of the layout of a batch all of whose arrays are
         already in the slot, or None (then the record is built afresh)."""
+        if type(x) is tuple:
+            # The common batch, a flat tuple of arrays alloc placed: the key
+            # structure_key would give, without its walk.
+            placed, parts = self.placed, []
+            for a in x:
+                hit = placed.get(id(a)) if type(a) is np.ndarray else None
+                if hit is None or hit[0] is not a:
+                    break
+                parts.append((hit[1], a.dtype, a.shape))
+            else:
+                return (tuple, tuple(parts))
         return structure_key(x, self._leaf_signature)
 
     def _leaf_signature(self, x):
@@ -493,7 +504,7 @@ class SlotWriter:
             if self.strict:
                 raise SlotFull(self.needed)
             return None
-        np.frombuffer(self.segment, np.uint8, len(record), off)[:] = np.frombuffer(record, np.uint8)
+        memoryview(self.segment)[off:self.needed] = record
         return off, len(record), self.needed
 
 
@@ -754,11 +765,11 @@ def decode(segment, meta_off, meta_len, mode=COPY, out_pool=None, output=None):
             if mode == VIEW:
                 out.flags.writeable = False
         elif mode == COPY:
-            view = np.frombuffer(segment, dtype, count, off).reshape(shape)
+            view = np.ndarray(shape, dtype, segment, off)
             out = out_pool.take(shape, dtype) if out_pool is not None else np.empty(shape, dtype)
             np.copyto(out, view)
         else:
-            out = np.frombuffer(segment, dtype, count, off).reshape(shape)
+            out = np.ndarray(shape, dtype, segment, off)  # holds the segment, as lending counts
             if mode == VIEW:
                 out.flags.writeable = False
         if convert:
