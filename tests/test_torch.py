@@ -1339,3 +1339,55 @@ def test_torch_face_sharded_loader_refuses_accelerates_prepare():
             getattr(loader, "_is_accelerate_prepared", False)
         assert len(list(loader.sampler)) == len(loader.sampler) == (N + 1) // 2
         assert [int(i) for b in loader for i in b[1]] == list(loader.sampler)
+
+
+class _CountingStream(tud.IterableDataset):
+    def __iter__(self):
+        return iter(range(20))
+
+
+def _bad_argument_cases():
+    ds = tensor_dataset()
+    sampler = tud.SequentialSampler(ds)
+    bs = tud.BatchSampler(sampler, 3, False)
+    stream = _CountingStream()
+    return [  # (exception, PyTorch's words, dataset, arguments)
+        (ValueError, "num_workers option should be non-negative", ds, {"num_workers": -1}),
+        (ValueError, "timeout option should be non-negative", ds, {"timeout": -1}),
+        (ValueError, "batch_size=None option disables auto-batching and is mutually exclusive",
+         ds, {"batch_size": None, "drop_last": True}),
+        (ValueError, r"multi-process loading \(num_workers > 0\), but got", ds,
+         {"num_workers": 0, "multiprocessing_context": "spawn"}),
+        (ValueError, "should specify a valid start method in", ds,
+         {"num_workers": 1, "multiprocessing_context": "bad"}),
+        (TypeError, "multiprocessing_context option should be a valid context ", ds,
+         {"num_workers": 1, "multiprocessing_context": object()}),
+        (ValueError, "prefetch_factor option could only be specified in multiprocessing", ds,
+         {"prefetch_factor": 2}),
+        (ValueError, "sampler option is mutually exclusive with shuffle", ds,
+         {"batch_size": 11, "sampler": sampler, "shuffle": True}),
+        (ValueError, "sampler option is mutually exclusive with shuffle", ds,
+         {"batch_sampler": bs, "sampler": sampler, "shuffle": 3}),
+        (ValueError, "batch_sampler option is mutually exclusive with", ds,
+         {"batch_size": 11, "batch_sampler": bs}),
+        (ValueError, "batch_sampler option is mutually exclusive with", ds,
+         {"shuffle": True, "batch_sampler": bs}),
+        (ValueError, "batch_sampler option is mutually exclusive with", ds,
+         {"drop_last": 3, "batch_sampler": bs}),
+        (ValueError, "DataLoader with IterableDataset: expected unspecified shuffle", stream,
+         {"shuffle": 3}),
+        (ValueError, "DataLoader with IterableDataset: expected unspecified sampler", stream,
+         {"sampler": 3}),
+        (ValueError, "DataLoader with IterableDataset: expected unspecified batch_sampler",
+         stream, {"batch_sampler": 3}),
+    ]
+
+
+def test_torch_face_refuses_bad_argument_combinations_in_pytorchs_words():
+    """PyTorch code matches these messages (its own test suite does): the same exception
+    type and words, followed here by the values given."""
+    for exc, words, ds, kw in _bad_argument_cases():
+        with pytest.raises(exc, match=words):
+            tud.DataLoader(ds, **kw)
+        with pytest.raises(exc, match=words):
+            TorchLoader(ds, **kw)

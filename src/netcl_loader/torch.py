@@ -14,6 +14,8 @@ imports torch.
 """
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.context
 import numbers
 import sys
 import warnings
@@ -274,20 +276,11 @@ rank, world_size
                  worker_seeding="worker", device_queue=None, async_transfer=False):
         object.__setattr__(self, "_engine", None)
         object.__setattr__(self, "_engine_ready", False)
-        # PyTorch's own checks, with its meaning, before the engine's.
-        if _is_int(num_workers) and num_workers < 0:
-            raise ValueError(f"num_workers option should be non-negative; use num_workers=0 "
-                             f"to disable multiprocessing (got num_workers={num_workers!r})")
-        if persistent_workers and num_workers == 0:
-            raise ValueError(f"persistent_workers option needs num_workers > 0 "
-                             f"(got persistent_workers={persistent_workers!r}, num_workers=0)")
-        if multiprocessing_context is not None and num_workers == 0:
-            raise ValueError(f"multiprocessing_context can only be used with multi-process "
-                             f"loading (num_workers > 0), but got num_workers=0 "
-                             f"(multiprocessing_context={multiprocessing_context!r})")
-        if _engine.is_iterable_dataset(dataset) and shuffle not in (False, None):
-            raise ValueError(f"DataLoader with IterableDataset: expected unspecified shuffle "
-                             f"option, but got shuffle={shuffle!r}")
+        # PyTorch's own checks first, in its order and words (code written for
+        # PyTorch matches them), with the values given.
+        _pytorch_checks(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers,
+                        drop_last, timeout, multiprocessing_context, prefetch_factor,
+                        persistent_workers)
         if prefetch is not None and prefetch_factor is not None:
             # A loader re-created from its attributes passes both; they agree.
             if _is_int(num_workers) and prefetch == prefetch_factor * num_workers:
@@ -568,6 +561,66 @@ rank, world_size
     @_is_accelerate_prepared.setter
     def _is_accelerate_prepared(self, value):
         object.__setattr__(self, "_accelerate_prepared", bool(value))
+
+
+def _pytorch_checks(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers,
+                    drop_last, timeout, multiprocessing_context, prefetch_factor,
+                    persistent_workers):
+    """The argument checks of PyTorch's DataLoader, in its order and with its words,
+    each naming the values given; the engine checks the rest."""
+    if _is_int(num_workers) and num_workers < 0:
+        raise ValueError(f"num_workers option should be non-negative; use num_workers=0 "
+                         f"to disable multiprocessing (got num_workers={num_workers!r})")
+    if isinstance(timeout, numbers.Real) and not isinstance(timeout, bool) and timeout < 0:
+        raise ValueError(f"timeout option should be non-negative (got timeout={timeout!r})")
+    if num_workers == 0 and prefetch_factor is not None:
+        raise ValueError(f"prefetch_factor option could only be specified in multiprocessing: "
+                         f"let num_workers > 0 to enable multiprocessing, otherwise set "
+                         f"prefetch_factor to None (got prefetch_factor={prefetch_factor!r}, "
+                         f"num_workers=0)")
+    if _is_int(prefetch_factor) and prefetch_factor < 0:
+        raise ValueError(f"prefetch_factor option should be non-negative "
+                         f"(got prefetch_factor={prefetch_factor!r})")
+    if persistent_workers and num_workers == 0:
+        raise ValueError(f"persistent_workers option needs num_workers > 0 "
+                         f"(got persistent_workers={persistent_workers!r}, num_workers=0)")
+    ctx = multiprocessing_context
+    if ctx is not None:
+        if num_workers == 0:
+            raise ValueError(f"multiprocessing_context can only be used with multi-process "
+                             f"loading (num_workers > 0), but got num_workers=0 "
+                             f"(multiprocessing_context={ctx!r})")
+        if isinstance(ctx, str):
+            methods = torch.multiprocessing.get_all_start_methods()
+            if ctx not in methods:
+                raise ValueError(f"multiprocessing_context option should specify a valid start "
+                                 f"method in {methods!r}, but got multiprocessing_context={ctx!r}")
+        elif not isinstance(ctx, multiprocessing.context.BaseContext):
+            raise TypeError(f"multiprocessing_context option should be a valid context object "
+                            f"or a string specifying the start method, but got "
+                            f"multiprocessing_context={ctx!r}")
+    if _engine.is_iterable_dataset(dataset):
+        if shuffle not in (False, None):
+            raise ValueError(f"DataLoader with IterableDataset: expected unspecified shuffle "
+                             f"option, but got shuffle={shuffle!r}")
+        if sampler is not None:
+            raise ValueError(f"DataLoader with IterableDataset: expected unspecified sampler "
+                             f"option, but got sampler={sampler!r}")
+        if batch_sampler is not None:
+            raise ValueError(f"DataLoader with IterableDataset: expected unspecified "
+                             f"batch_sampler option, but got batch_sampler={batch_sampler!r}")
+    elif sampler is not None and shuffle:
+        raise ValueError(f"sampler option is mutually exclusive with shuffle "
+                         f"(got sampler={sampler!r}, shuffle={shuffle!r})")
+    if batch_sampler is not None:
+        if batch_size != 1 or shuffle or sampler is not None or drop_last:
+            raise ValueError(f"batch_sampler option is mutually exclusive with batch_size, "
+                             f"shuffle, sampler, and drop_last (got batch_sampler="
+                             f"{batch_sampler!r}, batch_size={batch_size!r}, shuffle={shuffle!r}, "
+                             f"sampler={sampler!r}, drop_last={drop_last!r})")
+    elif batch_size is None and drop_last:
+        raise ValueError(f"batch_size=None option disables auto-batching and is mutually "
+                         f"exclusive with drop_last (got drop_last={drop_last!r})")
 
 
 def _engine_collate(collate_fn, batched):
