@@ -16,7 +16,9 @@ class LoaderTimeout(TimeoutError, RuntimeError):
     def __init__(self, timeout, what=""):
         self.timeout = timeout
         self.what = what
-        text = f"DataLoader timed out after {timeout} seconds (timeout={timeout})"
+        # As PyTorch writes it: "after 5 seconds" for timeout=5 (the loader keeps a float).
+        shown = int(timeout) if isinstance(timeout, float) and timeout.is_integer() else timeout
+        text = f"DataLoader timed out after {shown} seconds (timeout={shown})"
         super().__init__(f"{text}: {what}" if what else text)
 
     def __reduce__(self):
