@@ -151,7 +151,8 @@ ONE_DEVICE = LIGHTNING_COMMON + """
 def run(make):
     class Hooks(Model):
         def train_dataloader(self):
-            return make(Indexed(), batch_size=4, shuffle=True, num_workers=2)
+            return make(Indexed(), batch_size=4, shuffle=True, num_workers=2,
+                        persistent_workers=True)
 
         def val_dataloader(self):
             return make(Indexed(), batch_size=8, num_workers=2)
@@ -163,6 +164,8 @@ def run(make):
     t = trainer(devices=1, max_epochs=2, enable_checkpointing=False)
     t.fit(model)
     train = describe(t.train_dataloader)
+    # Lightning ends persistent workers at the end of fit (it drops `_iterator`).
+    train["workers_left"] = len(getattr(t.train_dataloader, "worker_pids", []))
     predictions = t.predict(model)
     return {"seen": model.seen, "train_loader": train,
             "predict_loader": describe(t.predict_dataloaders),
@@ -191,6 +194,7 @@ def test_lightning_fit_on_one_device_with_workers_validation_and_predict():
     ours = got["ours"]["train_loader"]
     assert ours["class"] == "netcl_loader.torch.DataLoader"
     assert ours["engine_batches"] == 2 * N // 4  # our engine made every training batch
+    assert ours["workers_left"] == 0
     # Lightning re-created the predict loader (to track indices) as ours.
     assert got["ours"]["predict_loader"]["class"] == "netcl_loader.torch.DataLoader"
     assert got["torch"]["train_loader"]["class"] == "torch.utils.data.dataloader.DataLoader"

@@ -375,8 +375,18 @@ rank, world_size
 
     def __setattr__(self, name, value):
         super().__setattr__(name, value)  # PyTorch's rules (and its ValueError)
-        if name in _ENGINE_FED and self.__dict__.get("_engine_ready"):
+        if not self.__dict__.get("_engine_ready"):
+            return
+        if name in _ENGINE_FED:
             object.__setattr__(self, "_stale", True)
+        elif name == "_iterator" and value is None:
+            # PyTorch's persistent workers live in `_iterator`: a framework that
+            # drops it (Lightning, at the end of fit/validate/predict) ends them.
+            # Here they are the engine's pool, started again at the next iteration.
+            eng = self.__dict__.get("_engine")
+            if eng is not None and eng._pool is not None:
+                eng._discard_prestarted()
+                eng._shutdown_pool()
 
     # -- the engine ------------------------------------------------------------
     def _engine_kwargs(self):
