@@ -1391,3 +1391,11 @@ def test_torch_face_refuses_bad_argument_combinations_in_pytorchs_words():
             tud.DataLoader(ds, **kw)
         with pytest.raises(exc, match=words):
             TorchLoader(ds, **kw)
+
+
+def test_torch_face_iterated_without_a_name_yields_every_batch():
+    """``for batch in DataLoader(...)``: the loader itself is dropped at once; its
+    iteration (and pool) live on until the epoch ends."""
+    got = [int(i) for b in TorchLoader(rows(N), batch_size=BATCH, shuffle=True, num_workers=2,
+                                       timeout=BATCH_TIMEOUT_SECONDS) for i in b[1]]
+    assert sorted(got) == list(range(N))
