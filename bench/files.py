@@ -13,8 +13,8 @@ Two paths, batch 64:
 Loaders, each with ``--workers`` worker processes (threads for DALI):
 
 - ``ours (compiled)``: ``netcl_loader.images.ImageFolder`` through
-  ``netcl_loader.DataLoader``, JPEGs decoded by the compiled libjpeg-turbo
-  decoder (skipped when it is not built);
+  ``netcl_loader.DataLoader`` (``zero_copy=True``), JPEGs decoded by the
+  compiled libjpeg-turbo decoder (skipped when it is not built);
 - ``ours (Pillow fallback)``: the same, with ``NETCL_LOADER_IMAGE_DECODER=pillow``;
 - ``torchvision``: torchvision's ``ImageFolder`` and its v1 transforms under
   PyTorch's ``DataLoader`` (``persistent_workers=True``) where torchvision
@@ -172,8 +172,12 @@ class Ours:
         # RandomSampler it is iterated only when the epoch starts, so the
         # loader does not start the next epoch early (its prestart, a real
         # gain between epochs of training) while another loader is timed.
+        # zero_copy: the batch is handed over in its ring slot, as PyTorch hands
+        # over the shared-memory tensors its workers wrote (a 38 MB copy per
+        # batch would take a core's time from the decoding workers).
         self.loader = DataLoader(self.ds, batch_size=BATCH, sampler=_Shuffle(len(self.ds)),
-                                 num_workers=workers, seed=0, timeout=EPOCH_TIMEOUT_SECONDS)
+                                 num_workers=workers, seed=0, zero_copy=True,
+                                 timeout=EPOCH_TIMEOUT_SECONDS)
 
     def epoch(self):
         n = 0
