@@ -1,3 +1,5 @@
+from collections.abc import Sequence
+
 import numpy as np
 import numpy.typing as npt
 
@@ -19,4 +21,13 @@ def crop_flip_normalize_one(
     mean: npt.NDArray[np.float32],
     std: npt.NDArray[np.float32],
     out: npt.NDArray[np.float32],
+) -> None: ...
+
+def resize_into(
+    src: npt.NDArray[np.uint8],
+    box: Sequence[float],
+    out: npt.NDArray[np.float32] | npt.NDArray[np.uint8],
+    flip: bool = False,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
 ) -> None: ...

@@ -1,5 +1,6 @@
 # cython: language_level=3
-"""Compiled image primitive: crop, flip and normalise uint8 HWC to float32 CHW.
+"""Compiled image primitives: crop, flip and normalise uint8 HWC to float32 CHW;
+resize (bilinear, antialiased), flip and normalise in one pass (``resize_into``).
 
 Why in C: in the ``aug`` scenario this is the whole of a worker's CPU work,
 and NumPy needs four passes and three temporaries (cast, subtract, divide,
@@ -8,7 +9,9 @@ transpose) where one pass does. The public, validating entry point is
 keeps the C code inside its buffers, gathers pointers and strides under the
 GIL, then runs one ``with nogil:`` block.
 """
+from libc.math cimport isfinite
 from libc.stdint cimport int64_t, uint8_t
+from libc.stdlib cimport free, malloc
 
 import numpy as np
 
@@ -137,3 +140,164 @@ def crop_flip_normalize_one(const uint8_t[:, :, :] image, Py_ssize_t top, Py_ssi
         netcl_image_crop_flip_normalize(
             &image[top, left, 0], image.strides[0], image.strides[1], image.strides[2],
             <size_t>channels, <size_t>out_h, <size_t>out_w, flip, lut, &out[0, 0, 0])
+
+
+# ---------------------------------------------------------------------------
+# Fused resize + flip + normalise (csrc/netcl_resize.h), shared with _jpeg.
+
+# The largest output side accepted: keeps every index of the C kernel far from
+# int overflow (out_size * ksize and friends are computed in size_t anyway).
+cdef enum:
+    MAX_OUT_SIDE = 1 << 16
+
+
+cdef int check_resize_args(object box, object out, object flip, object mean, object std,
+                           ResizeArgs *args) except -1:
+    """Parse and check the arguments every resize entry point shares.
+
+    ``box`` = (top, left, height, width), finite, height and width > 0 (its
+    fit inside the image is checked where the image size is known); ``out`` a
+    writable C-contiguous ndarray (3, H, W) of float32 or uint8; ``mean`` and
+    ``std`` None or 3 finite numbers (std non-zero), float32 output only.
+    """
+    cdef float[:, :, ::1] out_f
+    cdef uint8_t[:, :, ::1] out_u
+    cdef int c
+    try:
+        top, left, height, width = box
+        args.top = float(top)
+        args.left = float(left)
+        args.height = float(height)
+        args.width = float(width)
+    except (TypeError, ValueError):
+        raise TypeError(f"box must be 4 numbers (top, left, height, width), got {box!r}") from None
+    if not (isfinite(args.top) and isfinite(args.left) and isfinite(args.height)
+            and isfinite(args.width) and args.height > 0 and args.width > 0):
+        raise ValueError(f"box (top, left, height, width) must be finite with height > 0 and "
+                         f"width > 0, got {tuple(box)!r}")
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"out must be a numpy.ndarray of shape (3, H, W), got "
+                        f"{type(out).__name__}")
+    if out.ndim != 3 or out.shape[0] != NETCL_RESIZE_CHANNELS:
+        raise ValueError(f"out must have shape (3, H, W), got {out.shape}")
+    if not (1 <= out.shape[1] <= MAX_OUT_SIDE and 1 <= out.shape[2] <= MAX_OUT_SIDE):
+        raise ValueError(f"out's H and W must be 1..{MAX_OUT_SIDE}, got shape {out.shape}")
+    if not out.flags.c_contiguous:
+        raise ValueError("out must be C-contiguous (a slot view or np.empty((3, H, W)))")
+    if not out.flags.writeable:
+        raise ValueError("out must be writable, got a read-only array")
+    args.out_h = out.shape[1]
+    args.out_w = out.shape[2]
+    args.flip = bool(flip)
+    if out.dtype == np.float32:
+        args.is_float = True
+        out_f = out
+        args.out = &out_f[0, 0, 0]
+    elif out.dtype == np.uint8:
+        args.is_float = False
+        out_u = out
+        args.out = &out_u[0, 0, 0]
+    else:
+        raise TypeError(f"out must be float32 or uint8, got dtype {out.dtype}")
+    for c in range(NETCL_RESIZE_CHANNELS):
+        args.mean[c] = 0.0
+        args.std[c] = 1.0
+    if mean is None and std is None:
+        return 0
+    if not args.is_float:
+        raise ValueError("mean and std apply to float32 output only; uint8 output is the "
+                         "resized values, not normalised: pass mean=None, std=None")
+    if mean is not None:
+        _three_floats("mean", mean, args.mean)
+    if std is not None:
+        _three_floats("std", std, args.std)
+        for c in range(NETCL_RESIZE_CHANNELS):
+            if args.std[c] == 0:
+                raise ValueError(f"std must be non-zero in every channel, got {std!r}")
+    return 0
+
+
+cdef int _three_floats(str name, object values, float *dst) except -1:
+    cdef int c
+    try:
+        if len(values) != NETCL_RESIZE_CHANNELS:
+            raise ValueError
+        for c in range(NETCL_RESIZE_CHANNELS):
+            dst[c] = float(values[c])
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be 3 numbers (one per RGB channel, on the 0-1 scale), "
+                         f"got {values!r}") from None
+    for c in range(NETCL_RESIZE_CHANNELS):
+        if not isfinite(dst[c]):
+            raise ValueError(f"{name} must be finite, got {values!r}")
+    return 0
+
+
+def resize_into(const uint8_t[:, :, :] src, box, out, flip=False, mean=None, std=None):
+    """Resize the region ``box`` of ``src`` into ``out``, optionally flipped and normalised.
+
+    Parameters
+    ----------
+    src : ndarray of uint8, shape (H, W, 3)
+        An RGB image, any strides.
+    box : (top, left, height, width)
+        The region in source pixels; fractional values are interpolated, not
+        rounded. Edges may stick out of the image by 0.01 pixel (then clamped).
+    out : ndarray of float32 or uint8, shape (3, h, w)
+        Writable and C-contiguous; receives the region resized to h x w.
+    flip : bool
+        Mirror the output along its width.
+    mean, std : 3 floats or None
+        float32 output is ``(v / 255 - mean) / std`` per channel (mean 0 and
+        std 1 when None); uint8 output takes neither.
+
+    Notes
+    -----
+    Bilinear, antialiased when shrinking, with exactly the arithmetic of
+    Pillow's ``Image.resize(size, BILINEAR, box)``: uint8 output equals
+    Pillow's result and float32 output equals ToTensor and Normalize applied
+    to it. Runs without the GIL.
+    """
+    cdef ResizeArgs a
+    cdef Py_ssize_t height = src.shape[0], width = src.shape[1]
+    cdef float lut[NETCL_RESIZE_CHANNELS * NETCL_RESIZE_LUT_SIZE]
+    cdef netcl_resize_axis ax, ay
+    cdef int kx, ky
+    cdef size_t table_bytes, work_bytes
+    cdef char *mem
+    cdef float in0, in1
+    check_resize_args(box, out, flip, mean, std, &a)
+    if src.shape[2] != NETCL_RESIZE_CHANNELS:
+        raise ValueError(f"src must have shape (H, W, 3) (RGB), got "
+                         f"({height}, {width}, {src.shape[2]})")
+    if height < 1 or width < 1 or height > 0x7FFFFFFF or width > 0x7FFFFFFF:
+        raise ValueError(f"src must have 1..2**31-1 rows and columns, got ({height}, {width}, 3)")
+    if not netcl_resize_box_fits(&a.top, &a.left, &a.height, &a.width, <int>height,
+                                 <int>width, NETCL_RESIZE_BOX_TOLERANCE):
+        raise ValueError(f"box (top, left, height, width) = {tuple(box)!r} is outside the "
+                         f"{height}x{width} image: needs 0 <= top, 0 <= left, "
+                         f"top + height <= {height}, left + width <= {width}")
+    kx = netcl_resize_ksize(<float>a.left, <float>(a.left + a.width), a.out_w)
+    ky = netcl_resize_ksize(<float>a.top, <float>(a.top + a.height), a.out_h)
+    table_bytes = netcl_resize_axis_bytes(kx, a.out_w) + netcl_resize_axis_bytes(ky, a.out_h)
+    work_bytes = netcl_resize_work_bytes(ky, a.out_w)
+    mem = <char *>malloc(table_bytes + work_bytes)
+    if mem == NULL:
+        raise MemoryError(f"resize_into: cannot allocate {table_bytes + work_bytes} bytes "
+                          f"of coefficient tables for out {out.shape}")
+    try:
+        with nogil:
+            if a.is_float:
+                netcl_resize_build_lut(a.mean, a.std, lut)
+            in0 = <float>a.left
+            in1 = <float>(a.left + a.width)
+            netcl_resize_axis_init(&ax, mem, <int>width, in0, in1, a.out_w, kx)
+            in0 = <float>a.top
+            in1 = <float>(a.top + a.height)
+            netcl_resize_axis_init(&ay, mem + netcl_resize_axis_bytes(kx, a.out_w),
+                                   <int>height, in0, in1, a.out_h, ky)
+            netcl_resize_image(&ax, &ay, &src[0, 0, 0], src.strides[0], src.strides[1],
+                               src.strides[2], mem + table_bytes, a.flip,
+                               lut if a.is_float else NULL, a.out)
+    finally:
+        free(mem)

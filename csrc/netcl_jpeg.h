@@ -1,0 +1,81 @@
+/* netcl_jpeg.h: JPEG region decoder over the libjpeg API (libjpeg-turbo).
+ *
+ * One decoder object per thread (a worker keeps one for its lifetime): it
+ * owns one libjpeg decompress object, reused for every file (aborted, not
+ * destroyed, between files), and scratch buffers that grow to the largest
+ * image seen and are never shrunk, so decoding allocates nothing once warm.
+ *
+ * netcl_jpeg_decode writes the region `box` of the full-resolution image
+ * straight into a planar (3, out_h, out_w) float32 or uint8 buffer:
+ *  - the largest DCT scale 1/d (d = 8, 4, 2, 1) that keeps the scaled box at
+ *    least 1.25x the output size in both dimensions (the IDCT does most of
+ *    the shrinking for free; going further costs accuracy);
+ *  - only the rows (jpeg_skip_scanlines) and columns (jpeg_crop_scanline)
+ *    that the resize reads are decoded;
+ *  - each decoded row is resized horizontally at once (while in cache), and
+ *    output rows are written as soon as their source rows are in
+ *    (netcl_resize.h: bilinear, antialiased, flip, normalisation table).
+ * Grey images give R = G = B; CMYK and YCCK give RGB as Pillow converts them
+ * (Adobe-inverted CMYK); progressive files work.
+ *
+ * Errors never exit or print: libjpeg's error exit longjmps back here, the
+ * decoder is reset, and the call returns a code with a message. Premature end
+ * of data (a libjpeg warning) is an error here. Nothing here touches Python.
+ */
+#ifndef NETCL_JPEG_H
+#define NETCL_JPEG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct netcl_jpeg netcl_jpeg;
+
+enum {
+    NETCL_JPEG_OK = 0,
+    NETCL_JPEG_ECORRUPT = 1,   /* libjpeg refused the data */
+    NETCL_JPEG_ETRUNCATED = 2, /* the data ends before the image does */
+    NETCL_JPEG_ENOMEM = 3,     /* a buffer could not be allocated */
+    NETCL_JPEG_EBOX = 4,       /* the box is outside the image */
+    NETCL_JPEG_EUNSUPPORTED = 5 /* a valid JPEG this decoder cannot convert to RGB */
+};
+
+/* Whether the library has jpeg_crop_scanline and jpeg_skip_scanlines
+ * (libjpeg-turbo 1.5 and later); without them whole rows are decoded. */
+int netcl_jpeg_have_scale_crop(void);
+
+/* "libjpeg-turbo 2.1.5 (JPEG_LIB_VERSION 62)" or similar. */
+const char *netcl_jpeg_version(void);
+
+/* A new decoder, or NULL when out of memory. */
+netcl_jpeg *netcl_jpeg_new(void);
+void netcl_jpeg_free(netcl_jpeg *d);
+
+/* The message of the last error (empty after a success). */
+const char *netcl_jpeg_message(const netcl_jpeg *d);
+
+/* Image size from the header. Returns NETCL_JPEG_OK or an error code. */
+int netcl_jpeg_info(netcl_jpeg *d, const uint8_t *data, size_t size, int *width,
+                    int *height);
+
+/* Decode the region (top, left, height, width) of the full-resolution image,
+ * in source pixels (fractional allowed; edges may stick out by `tol` pixels),
+ * resized to out_h x out_w, mirrored along the width when `flip`, into `out`:
+ * C-contiguous (3, out_h, out_w), float32 through `lut` (3 x 256 entries,
+ * netcl_resize_build_lut) or uint8 when `lut` is NULL. On success stores
+ * the DCT scale denominator used (1, 2, 4, 8) in *denom. *width and *height
+ * receive the image size whenever the header was read (also with
+ * NETCL_JPEG_EBOX). `out` may be partly written when an error is returned. */
+int netcl_jpeg_decode(netcl_jpeg *d, const uint8_t *data, size_t size, double top,
+                      double left, double height, double width, double tol, int out_h,
+                      int out_w, int flip, const float *lut, void *out, int *denom,
+                      int *image_width, int *image_height);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* NETCL_JPEG_H */
