@@ -14,7 +14,8 @@ from ._protocol import BATCH, END, ERROR, ERROR_END, rebuild_error
 from ._ring import GROW, PIPED, READY
 from ._tree import batch_len, read_only
 from ._worker import RngStates, StreamEnd
-from .shared_batch import COPY, LEND, VIEW, WAIT_SLICE_MS, decode
+from ._deadline import Deadline
+from .shared_batch import COPY, LEND, VIEW, decode
 
 __all__ = ["EpochIterator"]
 
@@ -361,31 +362,26 @@ class EpochIterator:
         """Call ``ready(slice_ms)`` (a C wait) until it is true, checking liveness and
         the timeout between slices; the time counts as the caller's wait."""
         loader, pool = self.loader, self.pool
-        timeout = loader.timeout
         pool.kick_all()  # tasks queued quietly must start before we sleep on them
-        t0 = time.perf_counter()
+        deadline = Deadline(loader.timeout)
         while True:
-            slice_ms = WAIT_SLICE_MS
-            if timeout is not None:
-                left = timeout - (time.perf_counter() - t0)
-                if left <= 0:
-                    slot, wid, _ = self.pending[waiting]
-                    self._abandon()
-                    raise LoaderTimeout(timeout, f"waiting for batch {waiting} from worker "
-                                                 f"{wid} (pid {pool.procs[wid].pid})")
-                slice_ms = max(1, min(slice_ms, int(left * 1000) + 1))
-            if ready(slice_ms):
+            if deadline.expired():
+                slot, wid, _ = self.pending[waiting]
+                self._abandon()
+                raise LoaderTimeout(loader.timeout, f"waiting for batch {waiting} from worker "
+                                                    f"{wid} (pid {pool.procs[wid].pid})")
+            if ready(deadline.slice_ms()):
                 break
             pool.check_alive()
             pool.reap()
-        loader._stats.record_wait(time.perf_counter() - t0)
+        loader._stats.record_wait(deadline.elapsed())
 
     def _wait_for_slot(self):
         """Sleep until a slot is free: stale tasks finish, the caller drops a lent
         batch, or an upload completes."""
         pool, loader, slots = self.pool, self.loader, self.slots
         pool.kick_all()
-        t0 = time.perf_counter()
+        deadline = Deadline(loader.timeout)
         while True:
             seen = slots.gen()
             pool.reap()
@@ -393,12 +389,12 @@ class EpochIterator:
             if slots.free:
                 break
             pool.check_alive()
-            if loader.timeout is not None and time.perf_counter() - t0 >= loader.timeout:
+            if deadline.expired():
                 self._abandon()
                 raise LoaderTimeout(loader.timeout, f"waiting for a free ring slot (the "
                                                     f"caller holds {slots.lent_count()} batches)")
-            slots.wait_gen(seen, WAIT_SLICE_MS)
-        loader._stats.record_wait(time.perf_counter() - t0)
+            slots.wait_gen(seen, deadline.slice_ms())
+        loader._stats.record_wait(deadline.elapsed())
 
     def _reclaim(self, next_call=False):
         slots = self.slots

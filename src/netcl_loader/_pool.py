@@ -14,6 +14,7 @@ from ._errors import LoaderTimeout
 from ._protocol import (ENTRY_NO_ROOM, ENTRY_PIPED_TASK, ENTRY_REMAP, ENTRY_STOP, ENTRY_TASK,
                         FLAG_PICKLED_INDICES, KIND_REMAP, KIND_TASK, TASK_HEADER, send_fd)
 from ._worker import Lifeline, WorkerConfig, worker_loop
+from ._deadline import Deadline
 from ._slots import LEASE_NEXT_CALL, LEASE_REFS, LEASE_UPLOAD, NO_ITERATION, Slots
 from .shared_batch import SharedBatchRingBuffer
 
@@ -25,8 +26,6 @@ STOP_SECONDS = 0.25
 JOIN_SECONDS = 2.0
 #: Seconds a worker whose pipe closed gets to finish exiting (for its exit code).
 LOST_EXIT_SECONDS = 0.5
-#: Seconds between liveness checks of the workers while waiting for a batch.
-LIVENESS_CHECK_SECONDS = 0.05
 #: Headroom given to a slot that grows, so that slightly larger batches fit.
 SLOT_GROWTH = 1.25
 
@@ -60,14 +59,18 @@ def _describe_exit(wid, pid, code):
 _MAIN_ONLY_FDS = set()
 
 
-def _shutdown(procs, conns, header, lifeline):
+def _shutdown(procs, conns, header, lifeline, owner=None):
     """End worker processes: cancel queued tasks and STOP, then the lifeline, then
-    terminate, then kill; close the pipes.
+    terminate, then kill; close the pipes.  Only in ``owner``, the process that
+    started them: a forked child holds a copy of every pool of its parent, and
+    collecting one there must not stop the parent's workers.
 
     Within ``JOIN_SECONDS`` in every case: a worker busy with a batch is not
     waited for (the lifeline's EOF makes its watchdog end it), so a
     WorkerError for one dead worker is not held up by the others' work.
     """
+    if owner is not None and os.getpid() != owner:
+        return
     header.set_token(NO_ITERATION)  # queued tasks are all stale: skipped
     for wid in range(len(procs)):
         header.push(wid, ENTRY_STOP)  # a full queue: the lifeline below ends it
@@ -185,7 +188,7 @@ class Pool:
         lifeline_r.close()
         # Runs at close(), at collection and at interpreter exit, whichever is first.
         self._finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns, self.header,
-                                           self.lifeline)
+                                           self.lifeline, os.getpid())
         loader._stats.ring_slots = nslots
         loader._stats.ring_bytes = self.ring.nbytes
 
@@ -308,11 +311,11 @@ class Pool:
             return self.stash.pop(key)
         self.kick_all()
         conn = self.conns[wid]
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = Deadline(timeout)
         while True:
-            while not conn.poll(LIVENESS_CHECK_SECONDS):
+            while not conn.poll(deadline.slice_seconds()):
                 self.check_alive()
-                if deadline is not None and time.monotonic() >= deadline:
+                if deadline.expired():
                     raise LoaderTimeout(timeout, f"waiting for batch {seq} from worker {wid} "
                                                  f"(pid {self.procs[wid].pid}) to arrive by pipe")
             try:

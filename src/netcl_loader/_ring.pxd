@@ -112,7 +112,6 @@ cdef class RingHeader:
     cpdef uint32_t kick(self, uint32_t q)
     cpdef long pop(self, uint32_t q, int timeout_ms)
     cpdef uint32_t state(self, uint32_t i)
-    cpdef bint claim(self, uint32_t i, uint32_t expected, uint32_t desired)
     cpdef void publish(self, uint32_t i, uint32_t new_state)
     cpdef uint32_t gen(self)
     cpdef int wait_gen(self, uint32_t seen, int timeout_ms)

@@ -328,14 +328,6 @@ cdef class RingHeader:
             return 0
         return s.needed
 
-    def wait_slot(self, uint32_t i, int timeout_ms):
-        """:meth:`wait_published` for one slot (in-order delivery): 0, or -1 on timeout."""
-        self.slot(i)
-        cdef int64_t k
-        with nogil:
-            k = netcl_ring_wait_published(self.hdr, &i, 1, timeout_ms)
-        return k
-
     def finish(self, uint32_t i, uint32_t new_state, uint64_t meta_off, uint64_t meta_len,
                uint64_t used, uint64_t needed, uint64_t fetch_ns=0, uint64_t collate_ns=0,
                uint64_t transform_ns=0, uint64_t write_ns=0, uint64_t start_ns=0,
@@ -360,11 +352,6 @@ cdef class RingHeader:
         """(fetch_ns, collate_ns, transform_ns, write_ns, start_ns) of a published slot."""
         cdef netcl_slot_header_t *s = self.slot(i)
         return (s.fetch_ns, s.collate_ns, s.transform_ns, s.write_ns, s.start_ns)
-
-    def skipped(self, uint32_t i):
-        """Samples the dataset replaced by good ones in the batch of published slot ``i``
-        (bad files with ``on_error="skip"``)."""
-        return self.slot(i).skipped
 
     def set_indices(self, uint32_t i, const unsigned char[::1] data):
         """Write a task's indices (int64 bytes) into slot ``i``'s index area; False if too long."""
@@ -393,18 +380,9 @@ cdef class RingHeader:
     cpdef uint32_t state(self, uint32_t i):
         return netcl_load_acquire(&self.slot(i).state)
 
-    cpdef bint claim(self, uint32_t i, uint32_t expected, uint32_t desired):
-        """Compare-and-swap the state of slot ``i``; True when it changed."""
-        return netcl_cas(&self.slot(i).state, expected, desired)
-
     cpdef void publish(self, uint32_t i, uint32_t new_state):
         """Release-store the state of slot ``i``, then wake every waiter."""
         netcl_ring_publish(self.hdr, self.slot(i), new_state)
-
-    def wake(self):
-        """Bump the wake word and wake every waiter (used to interrupt waits)."""
-        netcl_fetch_add(&self.hdr.gen, 1)
-        netcl_wake_all(&self.hdr.gen)
 
     cpdef uint32_t gen(self):
         return netcl_load_seq(&self.hdr.gen)
@@ -429,22 +407,6 @@ cdef class RingHeader:
         netcl_store_release(&self.hdr.token, token)
 
     # -- slot fields (plain; ordered by the state word) -----------------
-    def set_task(self, uint32_t i, uint32_t token, uint64_t seq, uint32_t owner, uint32_t epoch=0):
-        cdef netcl_slot_header_t *s = self.slot(i)
-        s.token = token
-        s.seq = seq
-        s.owner = owner
-        s.epoch = epoch
-        s.meta_off = s.meta_len = s.used = s.needed = 0
-
-    def set_result(self, uint32_t i, uint64_t meta_off, uint64_t meta_len,
-                   uint64_t used, uint64_t needed):
-        cdef netcl_slot_header_t *s = self.slot(i)
-        s.meta_off = meta_off
-        s.meta_len = meta_len
-        s.used = used
-        s.needed = needed
-
     def set_capacity(self, uint32_t i, uint64_t capacity):
         self.slot(i).capacity = capacity
 

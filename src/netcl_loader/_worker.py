@@ -22,7 +22,7 @@ from ._seed import batch_seed, fast_rngs
 from ._tree import torch_sample_structure, torch_structure
 from .shared_batch import SlotFull, SlotWriter
 
-__all__ = ["WorkerInfo", "get_worker_info", "build_batch", "worker_seed"]
+__all__ = ["WorkerInfo", "get_worker_info", "worker_seed"]
 
 #: Milliseconds an idle worker sleeps on its queue before it looks again
 #: (the watchdog thread, not this wait, notices a dead main process).
@@ -460,12 +460,6 @@ class BatchMaker:
             self.stream = None
             raise StreamEnd()
         return samples
-
-
-def build_batch(dataset, indices, collate_fn, transforms, alloc):
-    """Fetch the samples at ``indices`` and make them one batch (map-style, batched)."""
-    return BatchMaker(dataset, collate_fn, transforms, True, len(indices), False, False,
-                      "worker", 0, None).make(indices, alloc)
 
 
 class WorkerConfig(NamedTuple):

@@ -30,6 +30,7 @@ import numpy as np
 from ._collate import (array_as_tensor, is_tensor, tensor_as_array,
                        tensor_dtype_info, torch_dtype, torch_dtype_name, torch_holds,
                        torch_module)
+from ._deadline import Deadline
 from ._options import check_positive_int
 from ._tree import map_leaves, structure_key
 from ._ring import (ASSIGNED, CANCELLED, FREE, GROW, PAGE_BYTES, PIPED, READY, RingHeader,
@@ -42,8 +43,6 @@ ARRAY_ALIGN_BYTES = 64
 #: Layouts remembered by writers and readers: batches of one loader repeat
 #: the same layout, so encoding and decoding it is a dictionary hit.
 _PLAN_CACHE_ENTRIES = 256
-#: Longest sleep in one wait before the caller's liveness checks run again.
-WAIT_SLICE_MS = 50
 
 
 class SlotOverflowError(ValueError):
@@ -997,16 +996,12 @@ class SharedBatchRingBuffer:
         """The position in ``slots`` of the first one READY or PIPED, waiting up to
         ``timeout`` seconds (None: forever) without spinning; TimeoutError after."""
         slots = np.ascontiguousarray(slots, np.uint32)
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = Deadline(timeout)
         while True:
-            ms = WAIT_SLICE_MS
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"no published slot among {slots.tolist()} within "
-                                       f"timeout={timeout} s")
-                ms = max(1, min(ms, int(left * 1000) + 1))
-            k = self._header.wait_published(slots, ms)
+            if deadline.expired():
+                raise TimeoutError(f"no published slot among {slots.tolist()} within "
+                                   f"timeout={timeout} s")
+            k = self._header.wait_published(slots, deadline.slice_ms())
             if k >= 0:
                 return k
 
@@ -1021,7 +1016,7 @@ class SharedBatchRingBuffer:
 
         Raises TimeoutError when none frees up within ``timeout`` seconds.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = Deadline(timeout)
         h = self._header
         owner = os.getpid() & 0x7fffffff or 1
         while True:
@@ -1062,7 +1057,7 @@ class SharedBatchRingBuffer:
 
     def wait_ready(self, timeout=None):
         """Wait for a published slot and return its index (oldest first)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = Deadline(timeout)
         h = self._header
         while True:
             seen = h.gen()
@@ -1091,13 +1086,9 @@ class SharedBatchRingBuffer:
             self.free(slot)
 
     def _sleep(self, seen, deadline, what, timeout):
-        if deadline is None:
-            self._header.wait_gen(seen, WAIT_SLICE_MS)
-            return
-        left = deadline - time.monotonic()
-        if left <= 0:
+        if deadline.expired():
             raise TimeoutError(f"no {what} within timeout={timeout} s")
-        self._header.wait_gen(seen, max(1, min(WAIT_SLICE_MS, int(left * 1000))))
+        self._header.wait_gen(seen, deadline.slice_ms())
 
     def close(self):
         """Drop this process's mappings (arrays still viewing a slot keep it mapped)."""
