@@ -589,3 +589,13 @@ def test_image_files_checks_its_lists(folder):
         ds[8]
     with pytest.raises(IndexError, match="out of range"):
         ds.gather_batch([0, 9], np.empty)
+
+
+def test_spawned_workers_make_the_same_batches(folder):
+    """Under spawn the dataset travels pickled (its arrays, not a file list)."""
+    ds = ImageFolder(folder, crop=RandomResizedCrop(24), output="uint8")
+    with DataLoader(ds, batch_size=6, shuffle=True, seed=2) as dl:
+        ref = batches(dl)
+    with DataLoader(ds, batch_size=6, shuffle=True, seed=2, num_workers=2,
+                    multiprocessing_context="spawn") as dl:
+        assert_same(batches(dl), ref)
