@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import numbers
-import sys
 
 import numpy as np
+
+from ._collate import torch_module  # the one answer to "is torch loaded?" (never imports it)
 
 __all__ = ["Unset", "given", "check_positive_int", "check_callable",
            "check_nonnegative_int_or_none", "is_iterable_dataset", "OUTPUTS"]
@@ -75,7 +76,7 @@ def is_iterable_dataset(dataset):
     inherited ``__getitem__`` only raises); torch is consulted only if the
     caller has imported it.
     """
-    torch = sys.modules.get("torch")
+    torch = torch_module()
     if torch is not None:
         data = getattr(getattr(torch, "utils", None), "data", None)
         base = getattr(data, "IterableDataset", None)
@@ -88,7 +89,7 @@ def seed_from(generator):
     """The base seed: drawn from ``generator`` (a torch.Generator) when given, else fresh."""
     if generator is None:
         return int(np.random.SeedSequence().entropy % (1 << 63))
-    torch = sys.modules.get("torch")
+    torch = torch_module()
     if torch is None or not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator or None, got {generator!r}")
     # As PyTorch draws its base seed: one int64 from the generator.
@@ -97,7 +98,7 @@ def seed_from(generator):
 
 def pinning_available(device):
     """True where torch can page-lock memory for an accelerator (CUDA here)."""
-    torch = sys.modules.get("torch")
+    torch = torch_module()
     if torch is None:
         return False
     try:

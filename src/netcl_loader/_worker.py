@@ -13,7 +13,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._collate import array_as_tensor, collate, gather_rows, tensor_as_array, tensor_dtype_info
+from ._collate import (array_as_tensor, collate, gather_rows, tensor_as_array,
+                       tensor_dtype_info, torch_module)
 from ._protocol import (BATCH, END, ENTRY_KIND_MASK, ENTRY_NO_ROOM, ENTRY_PIPED_TASK,
                         ENTRY_REMAP, ENTRY_SLOT_MASK, ENTRY_STOP, ENTRY_TASK, ERROR, ERROR_END,
                         FLAG_PICKLED_INDICES, TASK_HEADER, Result, dumps, error_record, recv_fd)
@@ -70,7 +71,7 @@ def _set_worker_info(info):
     their streams with torch's function."""
     global _worker_info
     _worker_info = info
-    torch = sys.modules.get("torch")
+    torch = torch_module()
     if torch is not None:
         try:
             torch.utils.data._utils.worker._worker_info = info
@@ -123,7 +124,7 @@ def seed_everything(seed):
     else:
         random.seed(seed)
         np.random.seed(seed & 0xFFFFFFFF)
-    torch = sys.modules.get("torch")
+    torch = torch_module()
     if torch is not None:
         try:
             # The CPU generator alone: torch.manual_seed also walks every
@@ -152,7 +153,7 @@ class RngStates:
             self.py, self.np = fast.save(), random._inst.gauss_next
         else:
             self.py, self.np = random.getstate(), np.random.get_state()
-        torch = sys.modules.get("torch")
+        torch = torch_module()
         self.torch = torch.default_generator.get_state() if torch is not None else None
 
     def restore(self):
@@ -162,7 +163,7 @@ class RngStates:
         else:
             random.setstate(self.py)
             np.random.set_state(self.np)
-        torch = sys.modules.get("torch")
+        torch = torch_module()
         if torch is not None and self.torch is not None:
             torch.default_generator.set_state(self.torch)
 
@@ -174,7 +175,7 @@ def limit_threads():
     is not copied into the child; using it there deadlocks.  N workers
     already run in parallel.
     """
-    torch = sys.modules.get("torch")
+    torch = torch_module()
     if torch is not None:
         try:
             torch.set_num_threads(1)
@@ -262,7 +263,7 @@ def _tensor_columns(dataset):
     (exactly that class: its samples are known to be ``tuple(t[i] for t in tensors)``),
     or None.  Its batches are then gathered row by row straight into the slot,
     as ArrayDataset's are, instead of fetched sample by sample."""
-    torch = sys.modules.get("torch")
+    torch = torch_module()
     if torch is None:
         return None
     cls = getattr(getattr(getattr(torch, "utils", None), "data", None), "TensorDataset", None)

@@ -26,6 +26,7 @@ import time
 import warnings
 import weakref
 
+from ._collate import torch_module
 from ._epoch import EpochIterator
 from ._errors import LoaderTimeout
 from ._options import (BATCH_SIZE, DROP_LAST, OUTPUTS, SHUFFLE, Unset, check_callable,
@@ -557,7 +558,7 @@ class DataLoader:
         accelerator, tensors in page-locked memory."""
         if not self.pin_memory:
             return batch
-        torch = sys.modules["torch"]
+        torch = torch_module()  # loaded: pin_memory holds only where torch found CUDA
         return map_leaves(batch, lambda x: x.pin_memory() if isinstance(x, torch.Tensor) else x)
 
     @property
