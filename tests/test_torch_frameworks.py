@@ -299,7 +299,8 @@ def test_lightning_resumes_a_mid_epoch_checkpoint_exactly():
     """fit(ckpt_path=) from a checkpoint taken after 3 of 10 batches: our loader is
     resumable (state_dict/load_state_dict), so the resumed run yields exactly the 7
     batches the interrupted epoch had left, then the same next epoch.  PyTorch's loader
-    is not: Lightning warns, and the rest of the epoch comes from a new shuffle."""
+    is not: Lightning warns, and the loader starts its order again (the resumed epoch
+    repeats the first batches and misses the last ones)."""
     _need("lightning")
     got, _ = run_program(RESUME)
     ours = got["ours"]
