@@ -433,6 +433,8 @@ rank, world_size
             for k, v in zip(_POSITION, position):
                 setattr(new, k, v)
         if eng is not None:
+            eng._finish_uploads()
+            new._uploader, eng._uploader = eng._uploader, None  # a bound queue stays bound
             eng.close()
         object.__setattr__(self, "_engine", new)
         object.__setattr__(self, "_stale", False)
