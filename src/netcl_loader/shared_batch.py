@@ -564,7 +564,11 @@ class _Plan:
         self.cacheable = True
         self.torch = False
         self.tree = self._compile(record)
-        self.flat = type(self.tree) is tuple and all(type(x) is _Leaf for x in self.tree)
+        # A flat tuple or list of arrays (the PyTorch face's batches are lists)
+        # is rebuilt without a walk: its type, else None.
+        t = type(self.tree)
+        self.flat = t if (t is tuple or t is list) and all(
+            type(x) is _Leaf for x in self.tree) else None
 
     def _compile(self, record):
         return map_leaves(record, self._compile_leaf)
@@ -774,8 +778,10 @@ def decode(segment, meta_off, meta_len, mode=COPY, out_pool=None, output=None):
         if convert:
             out = _leaf_output(out, tname, output)
         arrays.append(out)
-    if plan.flat:
+    if plan.flat is tuple:
         return tuple(arrays)
+    if plan.flat is list:
+        return arrays
     return _fill(plan.tree, arrays, mode == VIEW, output)
 
 
