@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from sys import getrefcount
 
 import numpy as np
 
@@ -156,8 +157,18 @@ class EpochIterator:
             self.progress.prefix += 1
         else:
             self.progress.mark(seq)
-        self._fill()
-        self._kick_if_behind()
+        if self._tasks_left and self.slots.free:
+            self._fill()
+        pending = self.pending
+        if pending and loader.in_order:
+            # Tasks queued quietly wait for a worker's wake; when the next batch
+            # is not ready yet, the workers must be at work now, not when the
+            # caller is back.
+            slot = pending[next(iter(pending))][0]
+            if slot is not None:
+                st = self.slots.state(slot)
+                if st != READY and st != PIPED:
+                    self.pool.kick_all()
         end = time.perf_counter()
         loader._stats.record_batch(n if not self.iterable else batch_len(batch), wid, times,
                                    decode, end - self._last)
@@ -167,10 +178,12 @@ class EpochIterator:
     def _receive(self):
         """The next batch as ``(batch, seq, worker id, samples, stage times, decode
         seconds)``, or the exception a worker's user code raised for it."""
-        loader, stats = self.loader, self.loader._stats
+        loader, stats, slots = self.loader, self.loader._stats, self.slots
         while True:
-            self._reclaim(next_call=True)
-            self._fill()
+            if slots.leases:
+                self._reclaim(next_call=True)
+            if self._tasks_left and slots.free:
+                self._fill()
             while not self.pending:
                 if not self._tasks_left:
                     self._finish()
@@ -183,8 +196,10 @@ class EpochIterator:
                 if not self.iterable:
                     self.progress.mark(seq)
                 return self._failed.pop(seq)
-            slots = self.slots
-            if slots.state(slot) == GROW:
+            # One compiled call: its state, record, the worker's stage times and
+            # the samples its dataset replaced (bad files), before the slot is freed.
+            state, meta_off, meta_len, times, skipped = slots.take(slot)
+            if state == GROW:
                 # The worker waits, its batch half made, for a bigger slot: grown
                 # here (the memory checked first), or the batch's error.
                 try:
@@ -197,9 +212,6 @@ class EpochIterator:
                 stats.grown_slots += 1
                 continue
             del self.pending[seq]
-            # One compiled call: its state, record, the worker's stage times and
-            # the samples its dataset replaced (bad files), before the slot is freed.
-            state, meta_off, meta_len, times, skipped = slots.take(slot)
             t_decode = time.perf_counter()  # (for a piped batch: after it has arrived)
             if state == READY:
                 try:
@@ -236,15 +248,6 @@ class EpochIterator:
                 continue
             stats.skipped += skipped
             return batch, seq, wid, n, times, time.perf_counter() - t_decode
-
-    def _kick_if_behind(self):
-        """Tasks queued quietly wait for a worker's wake; when the next batch is not
-        ready yet, the workers must be at work now, not when the caller is back."""
-        if self.pending and self.loader.in_order:
-            slot = self.pending[next(iter(self.pending))][0]
-            st = self.slots.state(slot) if slot is not None else READY
-            if st != READY and st != PIPED:
-                self.pool.kick_all()
 
     def _next_inline(self, now):
         loader = self.loader
@@ -416,8 +419,8 @@ class EpochIterator:
         loader, slots = self.loader, self.slots
         # The region's references before any view of it exists (and before
         # `seg` below holds one): a lent slot is free again once back to this.
-        base = slots.refs(slot)
-        seg = slots.segment(slot)
+        seg = slots.segments[slot]
+        base = getrefcount(seg) - 2  # Slots.refs(slot): less the call's and `seg`'s own
         try:
             if loader._uploader is not None:
                 # NumPy views: the uploader copies float32 arrays to the device

@@ -12,7 +12,7 @@ delivery policy and asks this class for everything about slots.
 """
 from __future__ import annotations
 
-import sys
+from sys import getrefcount
 
 from ._ring import CANCELLED, GROW, PIPED, READY
 
@@ -39,17 +39,20 @@ class Slots:
         process's side of the protocol).
     """
 
-    __slots__ = ("ring", "header", "free", "tasks", "leases", "token", "need")
+    __slots__ = ("ring", "header", "segments", "free", "tasks", "leases", "lent", "token",
+                 "need")
 
     def __init__(self, ring):
         self.ring = ring
         self.header = ring.header
+        self.segments = ring.segments  # slot -> its region (the ring's own list, kept current)
         n = ring.num_slots
         self.free = list(range(n - 1, -1, -1))   # the last is the next handed out
         self.tasks = [None] * n                  # slot -> (token, seq, worker id) or None
         # slot -> (LEASE_*, the region's refcount when lent | the upload): every
         # slot handed to the caller without a copy.
         self.leases = {}
+        self.lent = 0                            # leases of kind LEASE_REFS
         self.token = 0
         self.need = 0                            # bytes a slot should hold, learnt from batches
 
@@ -89,13 +92,13 @@ class Slots:
         else:
             self.free.remove(slot)
         self.tasks[slot] = (self.token, seq, wid)
-        return self.ring.assign(slot, wid + 1, seq, indices, self.token, epoch)
+        return self.header.assign(slot, self.token, seq, wid + 1, epoch, indices)
 
     def capacity(self, slot):
         return self.ring.capacity(slot)
 
     def segment(self, slot):
-        return self.ring.segment(slot)
+        return self.segments[slot]
 
     # -- reading -----------------------------------------------------------------------
     def state(self, slot):
@@ -125,14 +128,17 @@ class Slots:
     # -- giving back -----------------------------------------------------------------
     def refs(self, slot):
         """References to the region of ``slot`` (each array made from it holds one)."""
-        return sys.getrefcount(self.ring.segment(slot)) - 1
+        return getrefcount(self.segments[slot]) - 1
 
     def lease(self, slot, kind, value=None):
         """Hand ``slot`` to the caller until ``kind``'s condition holds (see LEASE_*)."""
+        if kind == LEASE_REFS:
+            self.lent += 1
         self.leases[slot] = (kind, value)
 
     def lent_count(self):
-        return sum(1 for kind, _ in self.leases.values() if kind == LEASE_REFS)
+        """Slots lent to the caller (LEASE_REFS)."""
+        return self.lent
 
     def reclaim(self, next_call=False, wait_uploads=False):
         """Free every leased slot whose condition holds: the one place leases end.
@@ -145,11 +151,12 @@ class Slots:
         if not self.leases:
             return
         first_error = None
+        segments = self.segments
         for slot, (kind, value) in list(self.leases.items()):
             if kind == LEASE_NEXT_CALL:
                 done = next_call
             elif kind == LEASE_REFS:
-                done = self.refs(slot) <= value
+                done = getrefcount(segments[slot]) - 1 <= value  # refs(slot), inlined
             elif wait_uploads:
                 try:
                     value.wait()  # re-raises a failed copy, once every copy has finished
@@ -177,7 +184,8 @@ class Slots:
         return False
 
     def _end_lease(self, slot):
-        del self.leases[slot]
+        if self.leases.pop(slot)[0] == LEASE_REFS:
+            self.lent -= 1
         self.release(slot)
 
     def release(self, slot):

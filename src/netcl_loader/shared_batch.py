@@ -930,6 +930,12 @@ class SharedBatchRingBuffer:
     def segment(self, slot):
         return self._segments[slot]
 
+    @property
+    def segments(self):
+        """Slot -> its region in this process: the ring's own list, kept current
+        (growing a slot or closing the ring changes it in place)."""
+        return self._segments
+
     def state(self, slot):
         """The state of ``slot``: one of FREE, ASSIGNED, READY, PIPED, CANCELLED."""
         return self._header.state(slot)
@@ -1098,8 +1104,8 @@ class SharedBatchRingBuffer:
 
     def close(self):
         """Drop this process's mappings (arrays still viewing a slot keep it mapped)."""
-        self._segments = [None] * len(self._segments)
-        self._caps = [0] * len(self._caps)
+        self._segments[:] = [None] * len(self._segments)
+        self._caps[:] = [0] * len(self._caps)
         self._closed = True
 
     def __enter__(self):
