@@ -286,8 +286,15 @@ def run(name, make, ckpt=None):
 
 
 result = {}
-for name, make in (("torch", lambda *a, **k: TorchDL(*a, generator=torch.Generator().manual_seed(3), **k)),
-                   ("ours", lambda *a, **k: OurDL(*a, seed=3, **k))):
+def seeded_torch(*args, **kw):
+    return TorchDL(*args, generator=torch.Generator().manual_seed(3), **kw)
+
+
+def seeded_ours(*args, **kw):
+    return OurDL(*args, seed=3, **kw)
+
+
+for name, make in (("torch", seeded_torch), ("ours", seeded_ours)):
     first, _ = run(name, make)
     resumed, warned = run(name, make, os.path.join(out, name + "-step=3.ckpt"))
     result[name] = {"first": first, "resumed": resumed, "warned": warned}

@@ -22,7 +22,7 @@ import warnings
 from typing import TypeVar
 
 import torch
-from torch.utils.data import (BatchSampler, IterableDataset, RandomSampler, SequentialSampler)
+from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 from torch.utils.data import DataLoader as _TorchDataLoader
 from torch.utils.data._utils.collate import default_collate, default_convert
 from torch.utils.data.dataloader import _DatasetKind, _InfiniteConstantSampler
@@ -452,7 +452,8 @@ rank, world_size
             self.check_worker_number_rationality()
         it = iter(eng)
         object.__setattr__(self, "_iterated", True)
-        if self._dataset_kind == _DatasetKind.Iterable and self._IterableDataset_len_called is not None:
+        if (self._dataset_kind == _DatasetKind.Iterable
+                and self._IterableDataset_len_called is not None):
             it = _LengthWarning(it, self)
         gradient_state = _accelerate_gradient_state()
         if gradient_state is not None:
@@ -482,7 +483,7 @@ rank, world_size
         self._eng().set_epoch(epoch)
 
     def bind_queue(self, queue, *, allocator=None):
-        """Upload batches to an OpenCL queue's device (see :meth:`netcl_loader.DataLoader.bind_queue`)."""
+        """Upload batches to an OpenCL queue's device (:meth:`netcl_loader.DataLoader.bind_queue`)."""
         self._eng().bind_queue(queue, allocator=allocator)
 
     def close(self):
@@ -670,8 +671,8 @@ class _LengthWarning:
             if self._workers > 0:
                 msg += ("For multiprocessing data-loading, this could be caused by not properly "
                         "configuring the IterableDataset replica at each worker. Please see "
-                        "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset "
-                        "for examples.")
+                        "https://pytorch.org/docs/stable/data.html"
+                        "#torch.utils.data.IterableDataset for examples.")
             warnings.warn(msg, stacklevel=2)
         return batch
 
