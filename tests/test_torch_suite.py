@@ -2631,3 +2631,94 @@ class TestConvAfterFork(TestCase):
         loader = DataLoader(ConvDataset(), num_workers=1)
         for x in loader:
             self.assertEqual(x.shape, (1, 1, 1, 23999))
+
+
+# -- Not in the original: default_collate and default_convert as the oracle ------------------
+
+class UserListSample(__import__("collections").UserList):
+    pass
+
+
+class PlainTupleSubclass(tuple):
+    pass
+
+
+Pair = __import__("collections").namedtuple("Pair", ["name", "value"])
+
+
+class SampleDataset(Dataset):
+    """Sample ``i`` is ``make(i)``."""
+
+    def __init__(self, make, n=4):
+        self.make = make
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return self.make(i)
+
+
+def _sample_kinds():
+    import collections
+    return {
+        "custom_list": lambda i: CustomList([i, np.float32(i)]),
+        "custom_list_of_strings": lambda i: CustomList([str(i), i]),
+        "range": lambda i: range(i, i + 3),
+        "deque": lambda i: collections.deque([i, i * 2.0]),
+        "user_list": lambda i: UserListSample([np.full(2, i), i]),
+        "user_dict": lambda i: collections.UserDict(a=i, b=np.full(3, i, np.int16)),
+        "ordered_dict": lambda i: collections.OrderedDict(z=i, a=[i, str(i)]),
+        "defaultdict": lambda i: collections.defaultdict(list, k=torch.full((2,), i)),
+        "namedtuple_with_strings": lambda i: Pair(str(i), (i, str(i))),
+        "tuple_subclass": lambda i: PlainTupleSubclass((i, np.int8(i))),
+        "nested_tuples": lambda i: ((i, (str(i), b"x")), [np.float64(i)]),
+        "numpy_0d": lambda i: {"x": np.array(i), "y": np.array([i, i], np.uint8)},
+        "bool_and_float": lambda i: [bool(i % 2), float(i) / 3],
+    }
+
+
+def _assert_same_types(test, got, want, path="batch"):
+    """``got`` has ``want``'s container and leaf types all the way down (torch's
+    assertEqual compares values; this compares what they are)."""
+    test.assertIs(type(got), type(want), f"{path}: {type(got).__name__} instead of "
+                                         f"{type(want).__name__}")
+    if isinstance(want, torch.Tensor):
+        test.assertEqual(got.dtype, want.dtype, msg=path)
+    elif isinstance(want, dict) or isinstance(want, __import__("collections").abc.Mapping):
+        test.assertEqual(list(got.keys()), list(want.keys()), msg=path)
+        for k in want:
+            _assert_same_types(test, got[k], want[k], f"{path}[{k!r}]")
+    elif isinstance(want, (list, tuple)) or isinstance(want, __import__("collections").abc.Sequence) \
+            and not isinstance(want, (str, bytes)):
+        test.assertEqual(len(got), len(want), msg=path)
+        for i, (g, w) in enumerate(zip(got, want)):
+            _assert_same_types(test, g, w, f"{path}[{i}]")
+
+
+class TestDefaultCollateOracle(TestCase):
+    """Batches and samples of many container types: this loader's equal PyTorch's,
+    with 0 and 2 workers, batched (default_collate) and not (default_convert)."""
+
+    def _check(self, make, batch_size, num_workers):
+        ds = SampleDataset(make)
+        want = list(torch.utils.data.DataLoader(ds, batch_size=batch_size))
+        loader = DataLoader(ds, batch_size=batch_size, num_workers=num_workers)
+        got = list(loader)
+        self.assertEqual(len(got), len(want))
+        for g, w in zip(got, want):
+            self.assertEqual(g, w)
+            _assert_same_types(self, g, w)
+
+    def test_batches_equal_default_collate(self):
+        for name, make in _sample_kinds().items():
+            for num_workers in (0, 2):
+                with self.subTest(sample=name, num_workers=num_workers):
+                    self._check(make, 2, num_workers)
+
+    def test_samples_equal_default_convert(self):
+        for name, make in _sample_kinds().items():
+            for num_workers in (0, 2):
+                with self.subTest(sample=name, num_workers=num_workers):
+                    self._check(make, None, num_workers)

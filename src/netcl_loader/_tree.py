@@ -1,7 +1,7 @@
 """One walker over the structure of a batch: tuples, namedtuples, lists and dicts."""
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableSequence, Sequence
 
 import numpy as np
 
@@ -29,11 +29,12 @@ def map_leaves(batch, fn):
     decoding, output conversion, uploads, read-only views, pinning).
 
     Tuples, lists and dicts are rebuilt as such; a namedtuple keeps its type
-    (its fields in order, see :func:`_rebuild_named`); a list subclass and
-    another mapping keep their type where they can be rebuilt, as torch's
-    ``default_collate`` rebuilds them (:func:`same_sequence`,
-    :func:`same_mapping`); other tuple subclasses become plain tuples (a
-    tuple class that says ``leaf = True`` is a leaf).  Anything else is a leaf.
+    (its fields in order, see :func:`_rebuild_named`); another mutable
+    sequence (a list subclass, a deque, a UserList) and another mapping keep
+    their type where they can be rebuilt, as torch's ``default_collate``
+    rebuilds them (:func:`same_sequence`, :func:`same_mapping`); other tuple
+    subclasses become plain tuples (a tuple class that says ``leaf = True`` is
+    a leaf).  Anything else is a leaf, immutable sequences (a ``range``) too.
     """
     t = type(batch)
     if t is tuple:
@@ -47,7 +48,7 @@ def map_leaves(batch, fn):
             return fn(batch)
         items = [map_leaves(b, fn) for b in batch]
         return _rebuild_named(t, items) if hasattr(t, "_fields") else tuple(items)
-    if isinstance(batch, list):
+    if isinstance(batch, MutableSequence):
         return same_sequence(batch, [map_leaves(b, fn) for b in batch])
     if isinstance(batch, Mapping):
         return same_mapping(batch, {k: map_leaves(v, fn) for k, v in batch.items()})
