@@ -78,34 +78,10 @@ def _compiled_module():
 
 
 def _resize_kernel():
-    """The one resize/flip/normalise kernel for decoded HWC images."""
-    try:
-        from ._image import resize_into
-    except ImportError:  # pragma: no cover - an install without the kernel
-        return _resize_into_pillow
+    """The one resize/flip/normalise kernel for images decoded by Pillow: the same
+    arithmetic as the compiled decoder's last pass (``_image.resize_into``)."""
+    from ._image import resize_into
     return resize_into
-
-
-def _resize_into_pillow(src, box, out, flip=False, mean=None, std=None):
-    """Stand-in for ``_image.resize_into`` while it is not built: Pillow's
-    antialiased bilinear resize of ``box`` (top, left, height, width), then flip
-    and normalise into ``out`` (3, H, W)."""
-    from PIL import Image
-
-    top, left, h, w = (float(v) for v in box)
-    img = Image.fromarray(np.ascontiguousarray(src)).resize(
-        (out.shape[2], out.shape[1]), Image.BILINEAR, box=(left, top, left + w, top + h))
-    a = np.asarray(img).transpose(2, 0, 1)
-    if flip:
-        a = a[:, :, ::-1]
-    if out.dtype == np.uint8:
-        out[...] = a
-    else:
-        v = a.astype(np.float32) / np.float32(255)
-        if mean is not None:
-            v -= np.asarray(mean, np.float32)[:, None, None]
-            v /= np.asarray(std, np.float32)[:, None, None]
-        out[...] = v
 
 
 def decoder_info():
