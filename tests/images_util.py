@@ -18,11 +18,25 @@ import numpy as np
 
 @functools.lru_cache(maxsize=None)
 def _photos():
-    from sklearn.datasets import load_sample_images
+    """The photos ``sklearn.datasets.load_sample_images()`` returns, read the
+    same way (sorted file names, Pillow) without importing scikit-learn: its
+    import pulls in SciPy, which breaks where a test run hides torch (the
+    sanitizer job), and costs a second."""
+    import importlib.util
 
-    images = load_sample_images().images
-    for image in images:
+    from PIL import Image
+
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("scikit-learn is not installed: the test photos come from its "
+                          "sample images (install the 'test' extra)")
+    folder = os.path.join(list(spec.submodule_search_locations)[0], "datasets", "images")
+    images = []
+    for name in sorted(f for f in os.listdir(folder) if f.endswith(".jpg")):
+        with open(os.path.join(folder, name), "rb") as f:
+            image = np.asarray(Image.open(f).convert("RGB"))
         image.setflags(write=False)
+        images.append(image)
     return tuple(images)
 
 

@@ -1,0 +1,223 @@
+"""The JPEG decoder fuzzed: mutated files and extreme geometry, a fixed budget.
+
+A deterministic mutation fuzzer (the seed is fixed, so a run is reproducible)
+takes several real JPEGs (baseline 4:2:0, 4:4:4 with restart markers,
+progressive, grey, CMYK, odd sizes) and feeds ``Decoder.info`` and
+``Decoder.decode_into`` thousands of variants: truncations, bit flips, byte
+insertions and deletions, random markers, forged frame sizes, spliced
+segments. Every input must either decode or raise ImageError; the output
+array's neighbours must stay untouched. ``.ci/asan`` runs this file with
+AddressSanitizer and UndefinedBehaviorSanitizer, which turn any read or
+write outside a buffer (in our C or in libjpeg) into a failure.
+
+The resize kernel is fuzzed on geometry: boxes of every shape (1-pixel
+strips, boxes at the edges, beyond them by the rounding tolerance, fractional
+ones) to output sizes from 1 to several times the box.
+"""
+import struct
+
+import numpy as np
+import pytest
+
+from images_util import encode_jpeg, photo_region
+
+pytest.importorskip("PIL")
+from netcl_loader import _image  # noqa: E402
+
+_jpeg = pytest.importorskip(
+    "netcl_loader._jpeg", reason="the JPEG decoder was not built (libjpeg headers missing)")
+
+#: Mutated inputs per seed file (times 7 seed files): a fixed budget of
+#: about 2,800 inputs, each through info() and two decodes.
+MUTANTS_PER_SEED = 400
+
+MARKERS = [0xC0, 0xC1, 0xC2, 0xC4, 0xC8, 0xCC, 0xD0, 0xD7, 0xD8, 0xD9, 0xDA, 0xDB, 0xDD,
+           0xE0, 0xE1, 0xEE, 0xFE, 0x01, 0xFF, 0x00]
+
+
+def seed_files():
+    rng = np.random.default_rng(2026)
+    small = photo_region(rng, (61, 47))
+    mid = photo_region(rng, (130, 97))
+    return [
+        encode_jpeg(small, quality=90),
+        encode_jpeg(mid, quality=92, subsampling=0, restart_marker_blocks=3),
+        encode_jpeg(mid, quality=88, progressive=True),
+        encode_jpeg(small, quality=93, mode="L"),
+        encode_jpeg(small, quality=95, mode="CMYK", progressive=True),
+        encode_jpeg(photo_region(rng, (17, 33)), quality=91, subsampling=1),
+        encode_jpeg(photo_region(rng, (200, 150)), quality=89),
+    ]
+
+
+def frame_offsets(data):
+    """Offsets of the height field of every SOFn segment."""
+    out = []
+    i = data.find(b"\xff\xc0")
+    for marker in (b"\xff\xc0", b"\xff\xc1", b"\xff\xc2"):
+        i = data.find(marker)
+        while i != -1:
+            out.append(i + 5)
+            i = data.find(marker, i + 2)
+    return out
+
+
+def mutate(data, rng):
+    """One mutant of ``data``: one to three random edits."""
+    b = bytearray(data)
+    for _ in range(int(rng.integers(1, 4))):
+        kind = int(rng.integers(9))
+        n = len(b)
+        if n < 4:
+            break
+        pos = int(rng.integers(2, n))
+        if kind == 0:  # truncate
+            del b[pos:]
+        elif kind == 1:  # flip bits
+            for p in rng.integers(0, n, size=int(rng.integers(1, 9))):
+                b[int(p)] ^= 1 << int(rng.integers(8))
+        elif kind == 2:  # insert random bytes
+            b[pos:pos] = rng.integers(0, 256, size=int(rng.integers(1, 17)), dtype=np.uint8).tobytes()
+        elif kind == 3:  # delete bytes
+            del b[pos:pos + int(rng.integers(1, 33))]
+        elif kind == 4:  # insert a marker, maybe with a bogus length
+            m = MARKERS[int(rng.integers(len(MARKERS)))]
+            seg = bytes([0xFF, m]) + struct.pack(">H", int(rng.integers(0, 65536)))
+            b[pos:pos] = seg[:int(rng.integers(2, 5))]
+        elif kind == 5:  # overwrite a byte after an 0xFF (change a marker's type)
+            ffs = [i for i in range(n - 1) if b[i] == 0xFF]
+            if ffs:
+                b[ffs[int(rng.integers(len(ffs)))] + 1] = MARKERS[int(rng.integers(len(MARKERS)))]
+        elif kind == 6:  # forge the frame size (huge, zero, or off by a little)
+            for off in frame_offsets(bytes(b)):
+                if off + 4 <= n:
+                    choice = int(rng.integers(4))
+                    value = [0, 1, 65535, int(rng.integers(0, 65536))][choice]
+                    field = off + 2 * int(rng.integers(2))
+                    b[field:field + 2] = struct.pack(">H", value)
+        elif kind == 7:  # splice: repeat a chunk of the file elsewhere
+            a = int(rng.integers(0, n))
+            chunk = bytes(b[a:a + int(rng.integers(1, 200))])
+            b[pos:pos] = chunk
+        else:  # overwrite a run with one value (0x00 or 0xFF runs are JPEG's edge cases)
+            run = int(rng.integers(1, 64))
+            b[pos:pos + run] = bytes([int(rng.choice([0, 0xFF, int(rng.integers(256))]))]) * min(
+                run, n - pos)
+    return bytes(b)
+
+
+def run_one(dec, data, rng):
+    """info + two decodes of ``data``; returns 'ok', 'error' (ImageError) or raises."""
+    try:
+        width, height = dec.info(data)
+    except _jpeg.ImageError as exc:
+        assert str(exc)
+        return "error"
+    outcome = "ok"
+    boxes = [(0.0, 0.0, float(height), float(width))]
+    if height > 0 and width > 0:
+        h = rng.uniform(0.05, 1.0) * height
+        w = rng.uniform(0.05, 1.0) * width
+        boxes.append((rng.uniform(0, height - h), rng.uniform(0, width - w), h, w))
+    for box in boxes:
+        out_h, out_w = int(rng.integers(1, 40)), int(rng.integers(1, 40))
+        dtype = np.float32 if rng.integers(2) else np.uint8
+        guard = np.full((5, out_h, out_w), 7, dtype=dtype)
+        try:
+            dec.decode_into(data, box, guard[1:4], flip=bool(rng.integers(2)))
+        except _jpeg.ImageError as exc:
+            assert str(exc)
+            outcome = "error"
+        except ValueError as exc:
+            # A frame of 0 rows or columns has no box inside it.
+            assert "outside" in str(exc) and (width == 0 or height == 0), (exc, width, height)
+            outcome = "error"
+        assert (guard[0] == 7).all() and (guard[4] == 7).all()
+    return outcome
+
+
+def test_mutated_jpegs_decode_or_raise_image_error():
+    rng = np.random.default_rng(18)
+    dec = _jpeg.Decoder()
+    counts = {"ok": 0, "error": 0}
+    for seed in seed_files():
+        assert run_one(dec, seed, rng) == "ok"
+        for _ in range(MUTANTS_PER_SEED):
+            counts[run_one(dec, mutate(seed, rng), rng)] += 1
+        # After all that, the same decoder still decodes the seed exactly.
+        width, height = dec.info(seed)
+        a = np.empty((3, 13, 17), np.uint8)
+        b = np.empty((3, 13, 17), np.uint8)
+        dec.decode_into(seed, (0, 0, height, width), a)
+        _jpeg.Decoder().decode_into(seed, (0, 0, height, width), b)
+        np.testing.assert_array_equal(a, b)
+    # Both outcomes are exercised (the fuzzer is not stuck on one path).
+    assert counts["ok"] > 200 and counts["error"] > 200, counts
+
+
+def test_forged_huge_progressive_frame_is_refused_quickly():
+    """A progressive file claiming 65500 x 65500 pixels would need ~12 GB of
+    coefficient buffers: refused by the decoder's memory cap, not allocated."""
+    data = encode_jpeg(photo_region(np.random.default_rng(0), (64, 48)), progressive=True)
+    b = bytearray(data)
+    for off in frame_offsets(data):
+        b[off:off + 4] = struct.pack(">HH", 65500, 65500)
+    dec = _jpeg.Decoder()
+    assert dec.info(bytes(b)) == (65500, 65500)
+    with pytest.raises(_jpeg.ImageError, match="too large|memory|truncated|corrupt"):
+        dec.decode_into(bytes(b), (0, 0, 65500, 65500), np.empty((3, 8, 8), np.uint8))
+
+
+def test_resize_geometry_fuzz():
+    """Every box shape and output size, fractional and at the edges, any strides."""
+    rng = np.random.default_rng(5)
+    base = photo_region(rng, (97, 61))
+    sources = [base, base[::-1], base[:, ::-3], np.ascontiguousarray(base[:1]),
+               np.ascontiguousarray(base[:, :1]), np.ascontiguousarray(base[:1, :1])]
+    for trial in range(600):
+        src = sources[trial % len(sources)]
+        H, W = src.shape[:2]
+        kind = trial % 5
+        if kind == 0:    # 1-pixel strips
+            box = (float(rng.integers(H)), 0.0, 1.0, float(W))
+        elif kind == 1:  # beyond the edges by up to the tolerance
+            box = (-0.009, -0.009, H + 0.018, W + 0.018)
+        elif kind == 2:  # tiny fractional boxes
+            h, w = rng.uniform(1e-3, 1.0), rng.uniform(1e-3, 1.0)
+            box = (rng.uniform(0, H - h), rng.uniform(0, W - w), h, w)
+        else:
+            h, w = rng.uniform(0.01, H), rng.uniform(0.01, W)
+            box = (rng.uniform(0, H - h), rng.uniform(0, W - w), h, w)
+        out_h = int(rng.integers(1, 3 * H + 3))
+        out_w = int(rng.integers(1, 3 * W + 3))
+        dtype = np.float32 if trial % 2 else np.uint8
+        guard = np.full((5, out_h, out_w), 9, dtype=dtype)
+        _image.resize_into(src, box, guard[1:4], flip=bool(trial % 3))
+        assert (guard[0] == 9).all() and (guard[4] == 9).all()
+        if dtype == np.float32:
+            assert np.isfinite(guard[1:4]).all()
+            assert guard[1:4].min() >= 0 and guard[1:4].max() <= 1
+
+
+def test_decode_geometry_fuzz():
+    """Valid files, every box shape and output size (scaled and unscaled)."""
+    rng = np.random.default_rng(9)
+    files = seed_files()
+    dec = _jpeg.Decoder()
+    for trial in range(300):
+        data = files[trial % len(files)]
+        W, H = dec.info(data)
+        kind = trial % 4
+        if kind == 0:
+            box = (float(rng.integers(H)), 0.0, 1.0, float(W))
+        elif kind == 1:
+            box = (-0.009, -0.009, H + 0.018, W + 0.018)
+        else:
+            h, w = rng.uniform(0.01, H), rng.uniform(0.01, W)
+            box = (rng.uniform(0, H - h), rng.uniform(0, W - w), h, w)
+        out_h = int(rng.integers(1, 2 * H + 2))
+        out_w = int(rng.integers(1, 2 * W + 2))
+        guard = np.full((5, out_h, out_w), 3, dtype=np.uint8)
+        denom = dec.decode_into(data, box, guard[1:4], flip=bool(trial % 2))
+        assert denom in (1, 2, 4, 8)
+        assert (guard[0] == 3).all() and (guard[4] == 3).all()
