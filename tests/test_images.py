@@ -22,7 +22,6 @@ from PIL import Image  # noqa: E402
 
 from images_util import encode_jpeg, make_jpegs, photo_region  # noqa: E402
 from netcl_loader import DataLoader, Subset  # noqa: E402
-from netcl_loader import images as nimages  # noqa: E402
 from netcl_loader.images import (DECODER_ENV, IMG_EXTENSIONS, CenterCrop,  # noqa: E402
                                  ImageFileError, ImageFiles, ImageFolder, RandomResizedCrop,
                                  TarImages)
@@ -433,8 +432,8 @@ def test_random_resized_crop_boxes_follow_get_params():
     for a, b in ((area, r_h * r_w / (height * width)), (np.log(w / h), np.log(r_w / r_h)),
                  ((top + h / 2) / height, (r_top + r_h / 2) / height),
                  ((left + w / 2) / width, (r_left + r_w / 2) / width)):
-        qa, qb = np.quantile(a, [0.1, 0.25, 0.5, 0.75, 0.9]), np.quantile(b, [0.1, 0.25, 0.5, 0.75, 0.9])
-        np.testing.assert_allclose(qa, qb, atol=0.03)
+        q = [0.1, 0.25, 0.5, 0.75, 0.9]
+        np.testing.assert_allclose(np.quantile(a, q), np.quantile(b, q), atol=0.03)
     # The fallback, as often as torchvision's: on a 310 x 410 image a box fails
     # a try when it is too tall or too wide.
     fell = np.mean([tuple(b) == (0, 0, height, width) for b in ours])
