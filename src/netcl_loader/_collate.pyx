@@ -558,27 +558,38 @@ cdef object _stack_scalars(int kind, list vals, list indices, str path, object a
 
 
 cdef object _stack_tensors(list vals, list indices, str path, object alloc):
-    """Stack CPU tensors as arrays on their memory, into alloc's buffer; the
-    batch is a tensor of the same dtype on that buffer."""
+    """Stack CPU tensors into alloc's buffer; the batch is a tensor of the same dtype
+    on that buffer.
+
+    ``torch.stack(out=)`` does the copy and its checks in C++ (a Python call per
+    sample for a pointer or ``t.numpy()`` would cost several times the copy of a
+    small sample); the NumPy path takes over, into the same buffer, when it
+    refuses (shapes differ: named below; another device; autograd), so errors
+    name the field and the indices as for arrays."""
     cdef Py_ssize_t B = len(vals), i
     first = vals[0]
-    if first.is_nested:
-        # Nested tensors of different shapes cannot be stacked (torch's error).
-        raise RuntimeError("Batches of nested tensors are not currently supported by the default "
-                           "collate_fn; please provide a custom collate_fn to handle them "
-                           "appropriately.")
     tdtype = first.dtype
-    shape = first.shape
     for i in range(1, B):
-        v = vals[i]
-        if v.dtype is not tdtype:
-            _mismatch(indices, i, path, "dtype", tdtype, v.dtype)
-        if v.shape != shape:
-            _mismatch(indices, i, path, "shape", tuple(shape), tuple(v.shape))
-    view = tensor_dtype_info(tdtype)[1]
-    out = _stack_arrays([tensor_as_array(v) for v in vals], indices, path, alloc)
+        # torch.stack would cast a different dtype silently.
+        if vals[i].dtype is not tdtype:
+            _mismatch(indices, i, path, "dtype", tdtype, vals[i].dtype)
+    np_dtype, view = tensor_dtype_info(tdtype)
+    shape = first.shape
+    out = alloc((B,) + tuple(shape), np_dtype)
     t = _torch.from_numpy(out)
-    return t if view is None else t.view(tdtype)
+    if view is not None:
+        t = t.view(tdtype)
+    try:
+        _torch.stack(vals, 0, out=t)
+        return t
+    except (RuntimeError, TypeError, ValueError):
+        pass
+    for i in range(1, B):
+        if vals[i].shape != shape:
+            _mismatch(indices, i, path, "shape", tuple(shape), tuple(vals[i].shape))
+    _stack_arrays([tensor_as_array(v) for v in vals], indices, path,
+                  lambda shape, dtype: out)
+    return t
 
 
 def _empty_alloc(shape, dtype):
