@@ -1,3 +1,4 @@
+# cython: language_level=3, wraparound=True, boundscheck=True
 """The life of a ring's slots in the main process: one owner for all of it.
 
 A slot is FREE in :attr:`Slots.free`; :meth:`Slots.assign` gives it a task
@@ -10,25 +11,30 @@ condition holds (:meth:`Slots.reclaim`); every path back to FREE goes through
 touches the ring's header: the epoch iterator keeps the order and the
 delivery policy and asks this class for everything about slots.
 """
-from __future__ import annotations
-
-from sys import getrefcount
+from cpython.ref cimport PyObject
 
 from ._ring import CANCELLED, GROW, PIPED, READY
+
+cdef extern from "Python.h":
+    Py_ssize_t Py_REFCNT(PyObject *o)
 
 __all__ = ["Slots", "LEASE_NEXT_CALL", "LEASE_REFS", "LEASE_UPLOAD"]
 
 #: Leases: what frees a slot whose batch was handed to the caller without a
 #: copy.  (A copied or piped batch frees its slot at once, with no lease.)
-LEASE_NEXT_CALL = 1   # zero_copy: read-only views, valid until the next batch is asked for
-LEASE_REFS = 2        # lent: once the caller has dropped every array made from the slot
-LEASE_UPLOAD = 3      # a bound queue: once the batch's device copies have completed
+cdef enum:
+    _NEXT_CALL = 1
+    _REFS = 2
+    _UPLOAD = 3
+LEASE_NEXT_CALL = _NEXT_CALL   # zero_copy: read-only views, valid until the next batch is asked for
+LEASE_REFS = _REFS           # lent: once the caller has dropped every array made from the slot
+LEASE_UPLOAD = _UPLOAD       # a bound queue: once the batch's device copies have completed
 
 #: The token of no iteration: queued tasks are all stale (the pool is closing).
 NO_ITERATION = 0xFFFFFFFF
 
 
-class Slots:
+cdef class Slots:
     """Every slot of ``ring``: the free list, the task each one carries, the leases,
     and the iteration token the workers compare their tasks with.
 
@@ -39,8 +45,13 @@ class Slots:
         process's side of the protocol).
     """
 
-    __slots__ = ("ring", "header", "segments", "free", "tasks", "leases", "lent", "token",
-                 "need")
+    # Compiled: these run several times per batch in the main process.
+    cdef readonly object ring, header
+    cdef readonly list segments, free, tasks
+    cdef readonly dict leases
+    cdef readonly Py_ssize_t lent
+    cdef public unsigned int token
+    cdef public Py_ssize_t need
 
     def __init__(self, ring):
         self.ring = ring
@@ -128,11 +139,12 @@ class Slots:
     # -- giving back -----------------------------------------------------------------
     def refs(self, slot):
         """References to the region of ``slot`` (each array made from it holds one)."""
-        return getrefcount(self.segments[slot]) - 1
+        seg = self.segments[slot]
+        return Py_REFCNT(<PyObject *>seg) - 1  # less `seg`'s own: sys.getrefcount's count
 
     def lease(self, slot, kind, value=None):
         """Hand ``slot`` to the caller until ``kind``'s condition holds (see LEASE_*)."""
-        if kind == LEASE_REFS:
+        if kind == _REFS:
             self.lent += 1
         self.leases[slot] = (kind, value)
 
@@ -153,10 +165,11 @@ class Slots:
         first_error = None
         segments = self.segments
         for slot, (kind, value) in list(self.leases.items()):
-            if kind == LEASE_NEXT_CALL:
+            if kind == _NEXT_CALL:
                 done = next_call
-            elif kind == LEASE_REFS:
-                done = getrefcount(segments[slot]) - 1 <= value  # refs(slot), inlined
+            elif kind == _REFS:
+                seg = segments[slot]
+                done = Py_REFCNT(<PyObject *>seg) - 1 <= value  # refs(slot), inlined
             elif wait_uploads:
                 try:
                     value.wait()  # re-raises a failed copy, once every copy has finished
@@ -175,7 +188,7 @@ class Slots:
         oldest, which is the next to finish, and end its lease.  False when no
         slot waits on one."""
         for slot, (kind, upload) in self.leases.items():
-            if kind == LEASE_UPLOAD:
+            if kind == _UPLOAD:
                 try:
                     upload.wait()
                 finally:
@@ -184,7 +197,7 @@ class Slots:
         return False
 
     def _end_lease(self, slot):
-        if self.leases.pop(slot)[0] == LEASE_REFS:
+        if self.leases.pop(slot)[0] == _REFS:
             self.lent -= 1
         self.release(slot)
 
