@@ -568,6 +568,11 @@ cdef object _stack_tensors(list vals, list indices, str path, object alloc):
     name the field and the indices as for arrays."""
     cdef Py_ssize_t B = len(vals), i
     first = vals[0]
+    if first.is_nested:
+        # Nested tensors of different shapes cannot be stacked (torch's error).
+        raise RuntimeError("Batches of nested tensors are not currently supported by the default "
+                           "collate_fn; please provide a custom collate_fn to handle them "
+                           "appropriately.")
     tdtype = first.dtype
     for i in range(1, B):
         # torch.stack would cast a different dtype silently.
