@@ -742,3 +742,11 @@ def test_collate_fn_may_return_a_namedtuple_that_checks_its_fields(num_workers, 
     assert [type(b) for b in batches] == [Checked, Checked]
     np.testing.assert_array_equal(batches[1].x, np.repeat(np.arange(3, 6), 3).reshape(3, 3))
     assert batches[1].n == 3
+
+
+def test_nested_tensors_give_torchs_error(torch):
+    # As torch's default_collate: nested tensors cannot be stacked, and the
+    # error says to give a collate_fn (not an internal error of the tensor).
+    samples = [torch.nested.nested_tensor([torch.zeros(i + 1)]) for i in range(2)]
+    with pytest.raises(RuntimeError, match="not currently supported by the default collate_fn"):
+        collate(samples)
