@@ -258,7 +258,8 @@ int netcl_jpeg_decode(netcl_jpeg *d, const uint8_t *data, size_t size, double to
     y1 = y1 > (float)sh ? (float)sh : y1;
     const int kx = netcl_resize_ksize(x0, x1, out_w), ky = netcl_resize_ksize(y0, y1, out_h);
     const size_t bx = netcl_resize_axis_bytes(kx, out_w), by = netcl_resize_axis_bytes(ky, out_h);
-    if (netcl_grow(&d->work, &d->work_cap, bx + by + netcl_resize_work_bytes(ky, out_w))) {
+    if (netcl_grow(&d->work, &d->work_cap,
+                   bx + by + netcl_resize_work_bytes(kx, ky, out_w, sw))) {
         netcl_fail(d, NETCL_JPEG_ENOMEM, "out of memory: resize tables for %dx%d output",
                    out_h, out_w);
     }
@@ -290,7 +291,9 @@ int netcl_jpeg_decode(netcl_jpeg *d, const uint8_t *data, size_t size, double to
 #else
     xoff = 0;
 #endif
-    const size_t row_bytes = (size_t)cinfo->output_width * (size_t)comps;
+    /* Each scanline is followed by the spare bytes the resize's vector code
+     * may read past a row's last pixel. */
+    const size_t row_bytes = (size_t)cinfo->output_width * (size_t)comps + NETCL_RESIZE_PAD;
     if (netcl_grow(&d->rows, &d->rows_cap, row_bytes * NETCL_JPEG_BATCH)) {
         netcl_fail(d, NETCL_JPEG_ENOMEM, "out of memory: %zu bytes of scanlines",
                    row_bytes * NETCL_JPEG_BATCH);
@@ -331,12 +334,12 @@ int netcl_jpeg_decode(netcl_jpeg *d, const uint8_t *data, size_t size, double to
         for (JDIMENSION i = 0; i < got; i++) {
             uint8_t *px = rows[i] + col;
             if (comps == 3) {
-                netcl_resize_stream_row(&s, px, 3, 1);
+                netcl_resize_stream_row(&s, px);
             } else if (comps == 1) {
-                netcl_resize_stream_row(&s, px, 1, 0);
+                netcl_resize_stream_row_strided(&s, px, 1, 0); /* grey read as R = G = B */
             } else {
-                netcl_cmyk_to_rgb(px, used);
-                netcl_resize_stream_row(&s, px, 3, 1);
+                netcl_cmyk_to_rgb(px, used); /* in place: 4 bytes a pixel become 3 */
+                netcl_resize_stream_row(&s, px);
             }
         }
     }

@@ -35,6 +35,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* Fractional bits of the fixed-point weights: 8 bits of sample value, two
  * bits of headroom, and the rest of an int32 (Pillow's choice). */
@@ -185,21 +186,6 @@ static inline void netcl_resize_axis_init(netcl_resize_axis *axis, void *mem, in
     axis->coef = coef;
 }
 
-/* Rows of the ring of horizontally resized rows: an output row needs at most
- * ksize consecutive source rows, so ksize slots never overwrite a row that a
- * pending output row still reads. */
-static inline int netcl_resize_ring_rows(const netcl_resize_axis *y) {
-    return y->ksize;
-}
-
-/* Bytes of work memory for a resize whose vertical axis has `ksize_y`
- * weights per sample: the int32 accumulator row (first, for alignment) and
- * the ring of ksize_y uint8 rows of 3 planes. */
-static inline size_t netcl_resize_work_bytes(int ksize_y, int out_w) {
-    return ((size_t)out_w + 1) * sizeof(int32_t)
-           + (size_t)ksize_y * NETCL_RESIZE_CHANNELS * (size_t)out_w;
-}
-
 static inline uint8_t netcl_resize_clip(int32_t sum) {
     int32_t v = sum >> NETCL_RESIZE_BITS;
     return (uint8_t)(v < 0 ? 0 : (v > 255 ? 255 : v));
@@ -282,11 +268,216 @@ static inline void netcl_resize_vrow(const netcl_resize_axis *y, int i, const ui
     }
 }
 
+/* ------------------------------------------------------------------------
+ * Vector paths (x86 with AVX2, chosen at run time): the same integer
+ * arithmetic, eight int32 lanes at a time, so results are bit-identical to
+ * the scalar code. Horizontally, two taps of packed RGB at once: bytes
+ * R0 G0 B0 R1 G1 B1 are spread to lanes [R0 G0 B0 0 R1 G1 B1 0] and
+ * multiplied by [k0 k0 k0 0 k1 k1 k1 0] from a pre-expanded table.
+ * Vertically, eight output samples at a time, the normalisation table read
+ * with a gather. */
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define NETCL_RESIZE_X86 1
+#define NETCL_RESIZE_AVX2 __attribute__((target("avx2")))
+#else
+#define NETCL_RESIZE_X86 0
+#endif
+
+/* Most taps per output sample the vector paths take; more (shrinking by more
+ * than 32x) falls back to the scalar code. */
+#define NETCL_RESIZE_SIMD_MAX_TAPS 64
+/* Bytes past a row's last used pixel that the vector code may read (it
+ * multiplies them by zero): a window of up to ksize + 1 pixels starting at
+ * the last pixel, plus an 8-byte load's overhang. Rows fed to
+ * netcl_resize_stream_row need them. */
+#define NETCL_RESIZE_PAD (3 * (NETCL_RESIZE_SIMD_MAX_TAPS + 2) + 16)
+
+static inline int netcl_resize_have_avx2(void) {
+#if NETCL_RESIZE_X86
+    return __builtin_cpu_supports("avx2");
+#else
+    return 0;
+#endif
+}
+
+/* Rows of the ring of horizontally resized rows: an output row needs at most
+ * ksize consecutive source rows, so ksize slots never overwrite a row that a
+ * pending output row still reads. */
+static inline int netcl_resize_ring_rows(const netcl_resize_axis *y) {
+    return y->ksize;
+}
+
+/* Bytes of work memory for a resize with kx, ky weights per sample from a
+ * source in_w pixels wide to out_w: accumulator row, expanded horizontal
+ * table, ring of ky rows of 3 planes, and one padded source row. */
+static inline size_t netcl_resize_work_bytes(int kx, int ky, int out_w, int in_w) {
+    return ((size_t)out_w + 1) * sizeof(int32_t)
+           + (size_t)out_w * (size_t)((kx + 3) / 4) * 32 * sizeof(int16_t)
+           + (size_t)ky * NETCL_RESIZE_CHANNELS * (size_t)out_w
+           + (size_t)in_w * NETCL_RESIZE_CHANNELS + NETCL_RESIZE_PAD + 64;
+}
+
+#if NETCL_RESIZE_X86
+/* One output pixel from `groups` groups of four taps (a constant in the
+ * callers below, so the loop unrolls; taps past count[i] weigh zero).
+ *
+ * Each weight (22 fractional bits, non-negative: the triangle filter) is split
+ * as w = (w >> 11) * 2048 + (w & 2047), both halves fit int16, so vpmaddwd
+ * (u16 x s16 pairs summed into int32) computes the products exactly:
+ * sum x * w = 2048 * sum x * hi + sum x * lo. One 16-byte load holds the four
+ * taps' RGB bytes (12 bytes); one byte shuffle spreads them to 16-bit lanes
+ * [R0 R1 G0 G1 B0 B1 0 0 | R2 R3 G2 G3 B2 B3 0 0] against weights
+ * [w0 w1 w0 w1 w0 w1 0 0 | w2 w3 w2 w3 w2 w3 0 0]. */
+#define NETCL_RESIZE_HACC(acc, i, groups)                                                    \
+    do {                                                                                    \
+        const uint8_t *p = src + (size_t)start[i] * 3;                                      \
+        const int16_t *k = table + (size_t)(i) * (size_t)(groups) * 32;                     \
+        __m256i hi = _mm256_setzero_si256(), lo = _mm256_setzero_si256();                   \
+        for (int g = 0; g < (groups); g++) {                                                \
+            __m256i px = _mm256_broadcastsi128_si256(                                       \
+                _mm_loadu_si128((const __m128i *)(const void *)(p + 12 * g)));              \
+            px = _mm256_shuffle_epi8(px, spread);                                           \
+            const __m256i *w = (const __m256i *)(const void *)(k + 32 * g);                 \
+            hi = _mm256_add_epi32(hi, _mm256_madd_epi16(px, _mm256_loadu_si256(w)));        \
+            lo = _mm256_add_epi32(lo, _mm256_madd_epi16(px, _mm256_loadu_si256(w + 1)));    \
+        }                                                                                   \
+        acc = _mm256_add_epi32(_mm256_slli_epi32(hi, 11), lo);                              \
+    } while (0)
+
+/* Two output pixels i, i + 1: their two-lane sums folded together, rounded,
+ * saturated to 0..255 and stored in the three planes. */
+#define NETCL_RESIZE_HPAIR(groups)                                                          \
+    do {                                                                                    \
+        __m256i a0, a1;                                                                     \
+        NETCL_RESIZE_HACC(a0, i, groups);                                                   \
+        NETCL_RESIZE_HACC(a1, i + 1, groups);                                               \
+        __m256i sum = _mm256_add_epi32(_mm256_permute2x128_si256(a0, a1, 0x20),             \
+                                       _mm256_permute2x128_si256(a0, a1, 0x31));            \
+        sum = _mm256_srai_epi32(_mm256_add_epi32(sum, half), NETCL_RESIZE_BITS);            \
+        sum = _mm256_packs_epi32(sum, sum);                                                 \
+        sum = _mm256_packus_epi16(sum, sum);                                                \
+        const uint32_t v0 = (uint32_t)_mm256_cvtsi256_si32(sum);                            \
+        const uint32_t v1 = (uint32_t)_mm_cvtsi128_si32(_mm256_extracti128_si256(sum, 1));  \
+        d0[o] = (uint8_t)v0;                                                                \
+        d1[o] = (uint8_t)(v0 >> 8);                                                         \
+        d2[o] = (uint8_t)(v0 >> 16);                                                        \
+        d0[o + step] = (uint8_t)v1;                                                         \
+        d1[o + step] = (uint8_t)(v1 >> 8);                                                  \
+        d2[o + step] = (uint8_t)(v1 >> 16);                                                 \
+    } while (0)
+
+/* Every output pixel takes the same number of tap groups (the table is
+ * zero-padded to a multiple of 4 taps), so the loops have constant trip
+ * counts: no branch mispredictions on the varying tap counts. Reads up to
+ * 12 * groups + 4 bytes from a pixel window's start (see NETCL_RESIZE_PAD).
+ * Pixels go two at a time, sharing the folding and rounding. */
+NETCL_RESIZE_AVX2 static void netcl_resize_hrow_avx2(const netcl_resize_axis *x,
+                                                     const int16_t *table, int groups,
+                                                     const uint8_t *src, int flip,
+                                                     uint8_t *dst) {
+    const int n = x->out_size;
+    /* Locals, not x->...: the byte stores below may alias anything. */
+    const int *start = x->start;
+    uint8_t *d0 = dst, *d1 = dst + n, *d2 = dst + 2 * (size_t)n;
+    const ptrdiff_t step = flip ? -1 : 1;
+    ptrdiff_t o = flip ? n - 1 : 0;
+    const __m256i spread = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1,
+                                            -1, -1, 6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1,
+                                            -1, -1, -1, -1);
+    const __m256i half = _mm256_set1_epi32(NETCL_RESIZE_HALF);
+    int i = 0;
+    switch (groups) {
+    case 1:
+        for (; i + 1 < n; i += 2, o += 2 * step) NETCL_RESIZE_HPAIR(1);
+        break;
+    case 2:
+        for (; i + 1 < n; i += 2, o += 2 * step) NETCL_RESIZE_HPAIR(2);
+        break;
+    case 3:
+        for (; i + 1 < n; i += 2, o += 2 * step) NETCL_RESIZE_HPAIR(3);
+        break;
+    default:
+        for (; i + 1 < n; i += 2, o += 2 * step) NETCL_RESIZE_HPAIR(groups);
+        break;
+    }
+    if (i < n) { /* an odd width: the last pixel paired with itself */
+        __m256i a0;
+        NETCL_RESIZE_HACC(a0, i, groups);
+        __m256i sum = _mm256_add_epi32(_mm256_permute2x128_si256(a0, a0, 0x20),
+                                       _mm256_permute2x128_si256(a0, a0, 0x31));
+        sum = _mm256_srai_epi32(_mm256_add_epi32(sum, half), NETCL_RESIZE_BITS);
+        sum = _mm256_packus_epi16(_mm256_packs_epi32(sum, sum), sum);
+        const uint32_t v0 = (uint32_t)_mm256_cvtsi256_si32(sum);
+        d0[o] = (uint8_t)v0;
+        d1[o] = (uint8_t)(v0 >> 8);
+        d2[o] = (uint8_t)(v0 >> 16);
+    }
+}
+#undef NETCL_RESIZE_HPAIR
+#undef NETCL_RESIZE_HACC
+
+NETCL_RESIZE_AVX2 static void netcl_resize_vrow_avx2(const netcl_resize_axis *y, int i,
+                                                     const uint8_t *ring, int ring_rows,
+                                                     int out_w, const float *lut,
+                                                     void *dst) {
+    const size_t row_bytes = NETCL_RESIZE_CHANNELS * (size_t)out_w;
+    const size_t plane = (size_t)y->out_size * (size_t)out_w;
+    const int32_t *k = y->coef + (size_t)i * (size_t)y->ksize;
+    const int taps = y->count[i];
+    const uint8_t *rows[NETCL_RESIZE_SIMD_MAX_TAPS];
+    for (int t = 0; t < taps; t++) {
+        rows[t] = ring + (size_t)((y->start[i] + t) % ring_rows) * row_bytes;
+    }
+    const __m256i half = _mm256_set1_epi32(NETCL_RESIZE_HALF);
+    const __m256i zero = _mm256_setzero_si256(), top = _mm256_set1_epi32(255);
+    for (int c = 0; c < NETCL_RESIZE_CHANNELS; c++) {
+        const size_t co = (size_t)c * (size_t)out_w;
+        const size_t at = (size_t)c * plane + (size_t)i * (size_t)out_w;
+        const float *table = lut == NULL ? NULL : lut + (size_t)c * NETCL_RESIZE_LUT_SIZE;
+        int w = 0;
+        for (; w + 8 <= out_w; w += 8) {
+            __m256i acc = half;
+            for (int t = 0; t < taps; t++) {
+                __m128i px = _mm_loadl_epi64((const __m128i *)(const void *)(rows[t] + co + w));
+                acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(px),
+                                                               _mm256_set1_epi32(k[t])));
+            }
+            acc = _mm256_srai_epi32(acc, NETCL_RESIZE_BITS);
+            acc = _mm256_min_epi32(_mm256_max_epi32(acc, zero), top);
+            if (table == NULL) {
+                __m128i p16 = _mm_packs_epi32(_mm256_castsi256_si128(acc),
+                                              _mm256_extracti128_si256(acc, 1));
+                _mm_storel_epi64((__m128i *)(void *)((uint8_t *)dst + at + w),
+                                 _mm_packus_epi16(p16, p16));
+            } else {
+                _mm256_storeu_ps((float *)dst + at + w, _mm256_i32gather_ps(table, acc, 4));
+            }
+        }
+        for (; w < out_w; w++) {
+            int32_t s = NETCL_RESIZE_HALF;
+            for (int t = 0; t < taps; t++) {
+                s += (int32_t)rows[t][co + w] * k[t];
+            }
+            if (table == NULL) {
+                ((uint8_t *)dst)[at + w] = netcl_resize_clip(s);
+            } else {
+                ((float *)dst)[at + w] = table[netcl_resize_clip(s)];
+            }
+        }
+    }
+}
+#endif /* NETCL_RESIZE_X86 */
+
 /* Streaming state: feed source rows y->first, y->first + 1, ... in order. */
 typedef struct {
     const netcl_resize_axis *x, *y;
     uint8_t *ring;
     int32_t *acc;
+    int16_t *hcoef; /* expanded horizontal table (vector path) */
+    uint8_t *pad;   /* one packed RGB source row with NETCL_RESIZE_PAD spare bytes */
+    int groups;     /* groups of four taps per output pixel (vector path) */
+    int simd;
     int ring_rows;
     int fed;    /* source rows fed so far (relative to y->first) */
     int done;   /* output rows written */
@@ -295,40 +486,113 @@ typedef struct {
     void *dst;
 } netcl_resize_stream;
 
-/* `work` holds netcl_resize_work_bytes(y->ksize, x->out_size) bytes, 4-byte aligned. */
+/* `work` holds netcl_resize_work_bytes(x->ksize, y->ksize, x->out_size, in_w)
+ * bytes, 4-byte aligned, where in_w >= x->last - x->first. */
 static inline void netcl_resize_stream_init(netcl_resize_stream *s, const netcl_resize_axis *x,
                                             const netcl_resize_axis *y, void *work, int flip,
                                             const float *lut, void *dst) {
+    const int out_w = x->out_size;
     s->x = x;
     s->y = y;
+    s->groups = (x->ksize + 3) / 4;
     s->acc = (int32_t *)work;
-    s->ring = (uint8_t *)(s->acc + x->out_size + 1);
+    s->hcoef = (int16_t *)(s->acc + out_w + 1);
+    s->ring = (uint8_t *)(s->hcoef + (size_t)out_w * (size_t)s->groups * 32);
     s->ring_rows = netcl_resize_ring_rows(y);
+    s->pad = s->ring + (size_t)s->ring_rows * NETCL_RESIZE_CHANNELS * (size_t)out_w;
+    s->simd = netcl_resize_have_avx2() && x->ksize <= NETCL_RESIZE_SIMD_MAX_TAPS
+              && y->ksize <= NETCL_RESIZE_SIMD_MAX_TAPS;
     s->fed = 0;
     s->done = 0;
     s->flip = flip;
     s->lut = lut;
     s->dst = dst;
+    if (s->simd) {
+        /* Per output pixel and group of taps t..t+3: 16 high halves, then 16
+         * low halves, in the lane order of the byte shuffle. */
+        const size_t per = (size_t)s->groups * 32;
+        for (int i = 0; i < out_w; i++) {
+            int16_t *e = s->hcoef + (size_t)i * per;
+            const int32_t *k = x->coef + (size_t)i * (size_t)x->ksize;
+            for (size_t j = 0; j < per; j++) {
+                e[j] = 0;
+            }
+            for (int t = 0; t < x->count[i]; t++) {
+                const int32_t w = k[t] < 0 ? 0 : k[t]; /* never negative for the triangle */
+                int16_t *lane = e + (t / 4) * 32 + ((t % 4) / 2) * 8 + (t % 2);
+                for (int c = 0; c < NETCL_RESIZE_CHANNELS; c++) {
+                    lane[2 * c] = (int16_t)(w >> 11);
+                    lane[2 * c + 16] = (int16_t)(w & 2047);
+                }
+            }
+        }
+    }
 }
 
-/* Feed the next source row (see netcl_resize_hrow for `src`, `ps`, `cs`) and
- * write every output row that it completes. */
-static inline void netcl_resize_stream_row(netcl_resize_stream *s, const uint8_t *src,
-                                           ptrdiff_t ps, ptrdiff_t cs) {
-    const int out_w = s->x->out_size;
-    uint8_t *slot = s->ring + (size_t)(s->fed % s->ring_rows) * NETCL_RESIZE_CHANNELS
-                              * (size_t)out_w;
-    netcl_resize_hrow(s->x, src, ps, cs, s->flip, slot);
-    s->fed++;
+static inline void netcl_resize_stream_emit(netcl_resize_stream *s) {
     const netcl_resize_axis *y = s->y;
+    const int out_w = s->x->out_size;
     while (s->done < y->out_size && y->start[s->done] + y->count[s->done] <= s->fed) {
-        netcl_resize_vrow(y, s->done, s->ring, s->ring_rows, out_w, s->acc, s->lut, s->dst);
+#if NETCL_RESIZE_X86
+        if (s->simd) {
+            netcl_resize_vrow_avx2(y, s->done, s->ring, s->ring_rows, out_w, s->lut, s->dst);
+        } else
+#endif
+        {
+            netcl_resize_vrow(y, s->done, s->ring, s->ring_rows, out_w, s->acc, s->lut, s->dst);
+        }
         s->done++;
     }
 }
 
+/* Feed the next source row, packed RGB from pixel x->first on, readable for
+ * NETCL_RESIZE_PAD bytes past pixel x->last - 1; write every output row that
+ * it completes. */
+static inline void netcl_resize_stream_row(netcl_resize_stream *s, const uint8_t *src) {
+    uint8_t *slot = s->ring + (size_t)(s->fed % s->ring_rows) * NETCL_RESIZE_CHANNELS
+                              * (size_t)s->x->out_size;
+#if NETCL_RESIZE_X86
+    if (s->simd) {
+        netcl_resize_hrow_avx2(s->x, s->hcoef, s->groups, src, s->flip, slot);
+    } else
+#endif
+    {
+        netcl_resize_hrow(s->x, src, 3, 1, s->flip, slot);
+    }
+    s->fed++;
+    netcl_resize_stream_emit(s);
+}
+
+/* The same for a row with any layout (see netcl_resize_hrow for `src`, `ps`,
+ * `cs`) and no padding: the vector path copies it into the padded row first. */
+static inline void netcl_resize_stream_row_strided(netcl_resize_stream *s, const uint8_t *src,
+                                                   ptrdiff_t ps, ptrdiff_t cs) {
+    if (!s->simd) {
+        uint8_t *slot = s->ring + (size_t)(s->fed % s->ring_rows) * NETCL_RESIZE_CHANNELS
+                                  * (size_t)s->x->out_size;
+        netcl_resize_hrow(s->x, src, ps, cs, s->flip, slot);
+        s->fed++;
+        netcl_resize_stream_emit(s);
+        return;
+    }
+    const int n = s->x->last - s->x->first;
+    uint8_t *pad = s->pad;
+    if (ps == 3 && cs == 1) {
+        memcpy(pad, src, (size_t)n * 3);
+    } else {
+        for (int i = 0; i < n; i++, src += ps) {
+            pad[3 * i] = src[0];
+            pad[3 * i + 1] = src[cs];
+            pad[3 * i + 2] = src[2 * cs];
+        }
+    }
+    memset(pad + (size_t)n * 3, 0, NETCL_RESIZE_PAD);
+    netcl_resize_stream_row(s, pad);
+}
+
 /* A whole in-memory image: `src` points at channel 0 of pixel (0, 0), rows
- * `rs` bytes apart, pixels `ps`, channels `cs`; any signs. */
+ * `rs` bytes apart, pixels `ps`, channels `cs`; any signs. `work` holds
+ * netcl_resize_work_bytes(x->ksize, y->ksize, x->out_size, image width). */
 static inline void netcl_resize_image(const netcl_resize_axis *x, const netcl_resize_axis *y,
                                       const uint8_t *src, ptrdiff_t rs, ptrdiff_t ps,
                                       ptrdiff_t cs, void *work, int flip, const float *lut,
@@ -336,14 +600,8 @@ static inline void netcl_resize_image(const netcl_resize_axis *x, const netcl_re
     netcl_resize_stream s;
     netcl_resize_stream_init(&s, x, y, work, flip, lut, dst);
     const uint8_t *base = src + (ptrdiff_t)x->first * ps;
-    if (ps == 3 && cs == 1) { /* packed RGB: constant strides let the compiler unroll */
-        for (int r = y->first; r < y->last; r++) {
-            netcl_resize_stream_row(&s, base + (ptrdiff_t)r * rs, 3, 1);
-        }
-    } else {
-        for (int r = y->first; r < y->last; r++) {
-            netcl_resize_stream_row(&s, base + (ptrdiff_t)r * rs, ps, cs);
-        }
+    for (int r = y->first; r < y->last; r++) {
+        netcl_resize_stream_row_strided(&s, base + (ptrdiff_t)r * rs, ps, cs);
     }
 }
 

@@ -23,7 +23,7 @@ cdef extern from "netcl_resize.h" nogil:
     size_t netcl_resize_axis_bytes(int ksize, int out_size)
     void netcl_resize_axis_init(netcl_resize_axis *axis, void *mem, int in_size,
                                 float in0, float in1, int out_size, int ksize)
-    size_t netcl_resize_work_bytes(int ksize_y, int out_w)
+    size_t netcl_resize_work_bytes(int kx, int ky, int out_w, int in_w)
     void netcl_resize_build_lut(const float *mean, const float *std, float *lut)
     void netcl_resize_image(const netcl_resize_axis *x, const netcl_resize_axis *y,
                             const uint8_t *src, Py_ssize_t rs, Py_ssize_t ps, Py_ssize_t cs,

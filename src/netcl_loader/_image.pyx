@@ -280,7 +280,7 @@ def resize_into(const uint8_t[:, :, :] src, box, out, flip=False, mean=None, std
     kx = netcl_resize_ksize(<float>a.left, <float>(a.left + a.width), a.out_w)
     ky = netcl_resize_ksize(<float>a.top, <float>(a.top + a.height), a.out_h)
     table_bytes = netcl_resize_axis_bytes(kx, a.out_w) + netcl_resize_axis_bytes(ky, a.out_h)
-    work_bytes = netcl_resize_work_bytes(ky, a.out_w)
+    work_bytes = netcl_resize_work_bytes(kx, ky, a.out_w, <int>width)
     mem = <char *>malloc(table_bytes + work_bytes)
     if mem == NULL:
         raise MemoryError(f"resize_into: cannot allocate {table_bytes + work_bytes} bytes "
