@@ -52,6 +52,11 @@ struct netcl_jpeg {
 
 int netcl_jpeg_have_scale_crop(void) { return NETCL_JPEG_SCALE_CROP; }
 
+int netcl_jpeg_use_simd(int allowed) {
+    netcl_resize_simd_allowed = allowed != 0;
+    return netcl_resize_have_avx2();
+}
+
 const char *netcl_jpeg_version(void) {
 #ifdef LIBJPEG_TURBO_VERSION
     return "libjpeg-turbo " NETCL_STR(LIBJPEG_TURBO_VERSION) " (JPEG_LIB_VERSION "

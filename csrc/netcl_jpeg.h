@@ -47,6 +47,10 @@ enum {
  * (libjpeg-turbo 1.5 and later); without them whole rows are decoded. */
 int netcl_jpeg_have_scale_crop(void);
 
+/* Allow (1, the default) or forbid (0) the resize's vector code; returns
+ * whether it is in use now. For tests that compare both paths. */
+int netcl_jpeg_use_simd(int allowed);
+
 /* "libjpeg-turbo 2.1.5 (JPEG_LIB_VERSION 62)" or similar. */
 const char *netcl_jpeg_version(void);
 

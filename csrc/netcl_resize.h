@@ -293,9 +293,14 @@ static inline void netcl_resize_vrow(const netcl_resize_axis *y, int i, const ui
  * netcl_resize_stream_row need them. */
 #define NETCL_RESIZE_PAD (3 * (NETCL_RESIZE_SIMD_MAX_TAPS + 2) + 16)
 
+/* Whether the vector paths may be used (when the CPU has them): tests turn
+ * it off to check the scalar code gives the same bytes. One per extension
+ * module (the header is compiled into each). */
+static int netcl_resize_simd_allowed = 1;
+
 static inline int netcl_resize_have_avx2(void) {
 #if NETCL_RESIZE_X86
-    return __builtin_cpu_supports("avx2");
+    return netcl_resize_simd_allowed && __builtin_cpu_supports("avx2");
 #else
     return 0;
 #endif

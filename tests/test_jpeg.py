@@ -566,3 +566,35 @@ def test_busy_decoder_is_refused_from_another_thread(files):
     for t in threads:
         t.join()
     assert False not in results and len(results) == 12
+
+
+def test_vector_and_scalar_code_give_the_same_bytes(files):
+    """The AVX2 resize (where the CPU has it) and the portable scalar code are
+    the same integer arithmetic: identical output, every layout and size."""
+    rng = np.random.default_rng(4)
+    img = np.ascontiguousarray(sample_photo(0)[:211, :333])
+    cases = []
+    for trial in range(40):
+        box = random_box(rng, 211, 333, integer=trial % 2 == 0)
+        cases.append((box, (int(rng.integers(1, 300)), int(rng.integers(1, 300))), trial % 3 == 0))
+    results = {}
+    try:
+        for simd in (True, False):
+            _image._use_simd(simd)
+            _jpeg._use_simd(simd)
+            got = []
+            for box, out_hw, flip in cases:
+                out = np.empty((3,) + out_hw, np.float32)
+                _image.resize_into(img[:, ::-1], box, out, flip=flip, mean=MEAN, std=STD)
+                got.append(out)
+            for name in ["rgb420", "grey", "cmyk", "big_progressive"]:
+                W, H = pillow_rgb(files[name]).size
+                for box, out_hw, flip in cases[:10]:
+                    box = (box[0] * H / 211, box[1] * W / 333, box[2] * H / 211, box[3] * W / 333)
+                    got.append(decode(files[name], box, out_hw, np.uint8, flip)[0])
+            results[simd] = got
+    finally:
+        _image._use_simd(True)
+        _jpeg._use_simd(True)
+    for a, b in zip(results[True], results[False]):
+        np.testing.assert_array_equal(a, b)

@@ -17,6 +17,8 @@ cdef extern from "netcl_resize.h" nogil:
         int first
         int last
 
+    int netcl_resize_simd_allowed
+    int netcl_resize_have_avx2()
     int netcl_resize_box_fits(double *top, double *left, double *height, double *width,
                               int img_h, int img_w, double tol)
     int netcl_resize_ksize(float in0, float in1, int out_size)

@@ -233,6 +233,14 @@ cdef int _three_floats(str name, object values, float *dst) except -1:
     return 0
 
 
+def _use_simd(bint allowed):
+    """Allow (default) or forbid the resize's vector code in this module; returns
+    whether it is now in use (tests compare both paths)."""
+    global netcl_resize_simd_allowed
+    netcl_resize_simd_allowed = allowed
+    return bool(netcl_resize_have_avx2())
+
+
 def resize_into(const uint8_t[:, :, :] src, box, out, flip=False, mean=None, std=None):
     """Resize the region ``box`` of ``src`` into ``out``, optionally flipped and normalised.
 

@@ -33,6 +33,7 @@ cdef extern from "netcl_jpeg.h" nogil:
         NETCL_JPEG_EBOX
         NETCL_JPEG_EUNSUPPORTED
     int netcl_jpeg_have_scale_crop()
+    int netcl_jpeg_use_simd(int allowed)
     const char *netcl_jpeg_version()
     netcl_jpeg *netcl_jpeg_new()
     void netcl_jpeg_free(netcl_jpeg *d)
@@ -46,6 +47,12 @@ cdef extern from "netcl_jpeg.h" nogil:
 
 
 HAVE_SCALE_CROP = bool(netcl_jpeg_have_scale_crop())
+
+
+def _use_simd(bint allowed):
+    """Allow (default) or forbid the resize's vector code in the decoder;
+    returns whether it is now in use (tests compare both paths)."""
+    return bool(netcl_jpeg_use_simd(allowed))
 LIBJPEG_VERSION = netcl_jpeg_version().decode()
 
 
