@@ -22,7 +22,6 @@ import ctypes
 import errno
 import faulthandler
 import functools
-import gc
 import itertools
 import math
 import operator
@@ -32,7 +31,6 @@ import sys
 import tempfile
 import time
 import unittest
-import warnings
 
 import numpy as np
 import pytest
@@ -61,7 +59,6 @@ from torch import multiprocessing as mp  # noqa: E402
 from torch._utils import ExceptionWrapper  # noqa: E402
 from torch.utils.data import (ChainDataset, ConcatDataset, Dataset, IterableDataset,  # noqa: E402
                               IterDataPipe, StackDataset, Subset, TensorDataset, _utils)
-from torch.utils.data._utils import MP_STATUS_CHECK_INTERVAL  # noqa: E402,F401
 from torch.utils.data.dataset import random_split  # noqa: E402
 from torch.utils.data.datapipes.iter import IterableWrapper  # noqa: E402
 
