@@ -2,6 +2,7 @@
 import collections
 import re
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -719,7 +720,7 @@ def test_other_sequences_are_leaves_here_and_containers_under_torch_rules():
     assert type(batch) is list
     np.testing.assert_array_equal(batch[0], [0, 1, 2])
     np.testing.assert_array_equal(batch[1], [1, 2, 3])
-    proxy = [__import__("types").MappingProxyType({"a": i}) for i in range(2)]
+    proxy = [types.MappingProxyType({"a": i}) for i in range(2)]
     assert collate(proxy) == proxy
     np.testing.assert_array_equal(collate(proxy, torch_rules=True)["a"], [0, 1])
 

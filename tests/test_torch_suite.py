@@ -18,6 +18,7 @@ iterator (``_workers``, ``_index_queues``, ...), or test what differs by
 design (the shuffled order comes from ``(seed, epoch)``, not from the
 generator's stream).
 """
+import collections
 import ctypes
 import errno
 import faulthandler
@@ -2632,7 +2633,7 @@ class TestConvAfterFork(TestCase):
 
 # -- Not in the original: default_collate and default_convert as the oracle ------------------
 
-class UserListSample(__import__("collections").UserList):
+class UserListSample(collections.UserList):
     pass
 
 
@@ -2640,7 +2641,7 @@ class PlainTupleSubclass(tuple):
     pass
 
 
-Pair = __import__("collections").namedtuple("Pair", ["name", "value"])
+Pair = collections.namedtuple("Pair", ["name", "value"])
 
 
 class SampleDataset(Dataset):
@@ -2658,7 +2659,6 @@ class SampleDataset(Dataset):
 
 
 def _sample_kinds():
-    import collections
     return {
         "custom_list": lambda i: CustomList([i, np.float32(i)]),
         "custom_list_of_strings": lambda i: CustomList([str(i), i]),
@@ -2683,11 +2683,11 @@ def _assert_same_types(test, got, want, path="batch"):
                                          f"{type(want).__name__}")
     if isinstance(want, torch.Tensor):
         test.assertEqual(got.dtype, want.dtype, msg=path)
-    elif isinstance(want, dict) or isinstance(want, __import__("collections").abc.Mapping):
+    elif isinstance(want, dict) or isinstance(want, collections.abc.Mapping):
         test.assertEqual(list(got.keys()), list(want.keys()), msg=path)
         for k in want:
             _assert_same_types(test, got[k], want[k], f"{path}[{k!r}]")
-    elif isinstance(want, (list, tuple)) or isinstance(want, __import__("collections").abc.Sequence) \
+    elif isinstance(want, (list, tuple)) or isinstance(want, collections.abc.Sequence) \
             and not isinstance(want, (str, bytes)):
         test.assertEqual(len(got), len(want), msg=path)
         for i, (g, w) in enumerate(zip(got, want)):
