@@ -372,6 +372,44 @@ static inline size_t netcl_resize_work_bytes(int kx, int ky, int out_w, int in_w
         d2[o + step] = (uint8_t)(v1 >> 16);                                                 \
     } while (0)
 
+/* Eight output pixels i..i+7: folded and rounded as above, then the 8 x RGB0
+ * bytes regrouped into 8 R, 8 G, 8 B (byte shuffle, unpack) and stored with
+ * three 8-byte stores, reversed when flipping. */
+#define NETCL_RESIZE_FOLD(a, b)                                                             \
+    _mm256_srai_epi32(                                                                      \
+        _mm256_add_epi32(_mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20),            \
+                                          _mm256_permute2x128_si256(a, b, 0x31)),           \
+                         half),                                                             \
+        NETCL_RESIZE_BITS)
+#define NETCL_RESIZE_H8(groups)                                                             \
+    do {                                                                                    \
+        __m256i a0, a1, a2, a3, a4, a5, a6, a7;                                             \
+        NETCL_RESIZE_HACC(a0, i, groups);                                                   \
+        NETCL_RESIZE_HACC(a1, i + 1, groups);                                               \
+        NETCL_RESIZE_HACC(a2, i + 2, groups);                                               \
+        NETCL_RESIZE_HACC(a3, i + 3, groups);                                               \
+        NETCL_RESIZE_HACC(a4, i + 4, groups);                                               \
+        NETCL_RESIZE_HACC(a5, i + 5, groups);                                               \
+        NETCL_RESIZE_HACC(a6, i + 6, groups);                                               \
+        NETCL_RESIZE_HACC(a7, i + 7, groups);                                               \
+        /* lanes: [p0 p2 p4 p6 | p1 p3 p5 p7], each RGB0 bytes */                           \
+        __m256i b8 = _mm256_packus_epi16(                                                   \
+            _mm256_packs_epi32(NETCL_RESIZE_FOLD(a0, a1), NETCL_RESIZE_FOLD(a2, a3)),       \
+            _mm256_packs_epi32(NETCL_RESIZE_FOLD(a4, a5), NETCL_RESIZE_FOLD(a6, a7)));      \
+        b8 = _mm256_shuffle_epi8(b8, planes); /* [R R R R G G G G B B B B . . . .] a lane */ \
+        __m128i even = _mm256_castsi256_si128(b8), odd = _mm256_extracti128_si256(b8, 1);   \
+        __m128i rg = _mm_unpacklo_epi8(even, odd); /* R0..R7 G0..G7 */                       \
+        __m128i bx = _mm_unpackhi_epi8(even, odd); /* B0..B7 */                              \
+        if (flip) {                                                                         \
+            rg = _mm_shuffle_epi8(rg, reverse);                                             \
+            bx = _mm_shuffle_epi8(bx, reverse);                                             \
+        }                                                                                   \
+        const ptrdiff_t at = flip ? n - 8 - i : i;                                          \
+        _mm_storel_epi64((__m128i *)(void *)(d0 + at), rg);                                 \
+        _mm_storel_epi64((__m128i *)(void *)(d1 + at), _mm_srli_si128(rg, 8));              \
+        _mm_storel_epi64((__m128i *)(void *)(d2 + at), bx);                                 \
+    } while (0)
+
 /* Every output pixel takes the same number of tap groups (the table is
  * zero-padded to a multiple of 4 taps), so the loops have constant trip
  * counts: no branch mispredictions on the varying tap counts. Reads up to
@@ -391,21 +429,27 @@ NETCL_RESIZE_AVX2 static void netcl_resize_hrow_avx2(const netcl_resize_axis *x,
                                             -1, -1, 6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1,
                                             -1, -1, -1, -1);
     const __m256i half = _mm256_set1_epi32(NETCL_RESIZE_HALF);
+    const __m256i planes = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11,
+                                            15, 0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7,
+                                            11, 15);
+    const __m128i reverse = _mm_setr_epi8(7, 6, 5, 4, 3, 2, 1, 0, 15, 14, 13, 12, 11, 10, 9, 8);
     int i = 0;
     switch (groups) {
     case 1:
-        for (; i + 1 < n; i += 2, o += 2 * step) NETCL_RESIZE_HPAIR(1);
+        for (; i + 8 <= n; i += 8) NETCL_RESIZE_H8(1);
         break;
     case 2:
-        for (; i + 1 < n; i += 2, o += 2 * step) NETCL_RESIZE_HPAIR(2);
+        for (; i + 8 <= n; i += 8) NETCL_RESIZE_H8(2);
         break;
     case 3:
-        for (; i + 1 < n; i += 2, o += 2 * step) NETCL_RESIZE_HPAIR(3);
+        for (; i + 8 <= n; i += 8) NETCL_RESIZE_H8(3);
         break;
     default:
-        for (; i + 1 < n; i += 2, o += 2 * step) NETCL_RESIZE_HPAIR(groups);
+        for (; i + 8 <= n; i += 8) NETCL_RESIZE_H8(groups);
         break;
     }
+    o += (ptrdiff_t)i * step;
+    for (; i + 1 < n; i += 2, o += 2 * step) NETCL_RESIZE_HPAIR(groups);
     if (i < n) { /* an odd width: the last pixel paired with itself */
         __m256i a0;
         NETCL_RESIZE_HACC(a0, i, groups);
@@ -419,6 +463,8 @@ NETCL_RESIZE_AVX2 static void netcl_resize_hrow_avx2(const netcl_resize_axis *x,
         d2[o] = (uint8_t)(v0 >> 16);
     }
 }
+#undef NETCL_RESIZE_H8
+#undef NETCL_RESIZE_FOLD
 #undef NETCL_RESIZE_HPAIR
 #undef NETCL_RESIZE_HACC
 
