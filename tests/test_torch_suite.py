@@ -2719,3 +2719,38 @@ class TestDefaultCollateOracle(TestCase):
             for num_workers in (0, 2):
                 with self.subTest(sample=name, num_workers=num_workers):
                     self._check(make, None, num_workers)
+
+    def test_tensor_subclasses_and_grad_cross_workers(self):
+        # What PyTorch's loader delivers through its pipes, this one delivers
+        # too: a tensor subclass keeps its type and attributes (torchvision's
+        # tv_tensors), a tensor that requires grad keeps the flag.
+        for batch_size, collate_fn in ((None, None), (2, _stack_tagged), (2, _stack_with_grad)):
+            ds = SampleDataset(_tagged_sample)
+            want = list(torch.utils.data.DataLoader(ds, batch_size=batch_size,
+                                                    collate_fn=collate_fn, num_workers=1))
+            for num_workers in (0, 2):
+                got = list(DataLoader(ds, batch_size=batch_size, collate_fn=collate_fn,
+                                      num_workers=num_workers))
+                self.assertEqual(got, want)
+                for g, w in zip(got, want):
+                    self.assertIs(type(g), type(w))
+                    self.assertEqual(g.requires_grad, w.requires_grad)
+                    self.assertEqual(getattr(g, "note", None), getattr(w, "note", None))
+
+
+class TaggedTensor(torch.Tensor):
+    """A tensor subclass with an attribute, as torchvision's tv_tensors are."""
+
+
+def _tagged_sample(i):
+    t = torch.full((2,), float(i)).as_subclass(TaggedTensor)
+    t.note = f"sample {i}"
+    return t
+
+
+def _stack_tagged(samples):
+    return torch.stack([s.as_subclass(torch.Tensor) for s in samples]).as_subclass(TaggedTensor)
+
+
+def _stack_with_grad(samples):
+    return torch.stack([s.as_subclass(torch.Tensor) for s in samples]).requires_grad_()

@@ -427,10 +427,16 @@ class SlotWriter:
 
     @staticmethod
     def _tensor_dtype(t):
-        """The NumPy dtype a tensor's memory is read as; None for one that has
-        no plain memory in this process."""
-        if not t.is_cpu or t.layout is not torch_module().strided or t.is_nested:
-            return None  # a nested tensor has no single shape to place it by
+        """The NumPy dtype a tensor's memory is read as; None for one the record
+        carries by value (pickled, as a pipe would carry it)."""
+        torch = torch_module()
+        if (not t.is_cpu or t.layout is not torch.strided or t.is_nested
+                or type(t) is not torch.Tensor or t.requires_grad):
+            # No plain memory here (CUDA, sparse), no single shape to place it
+            # by (nested), or more to it than its memory: a subclass
+            # (torchvision's tv_tensors, a Parameter) keeps its type and
+            # attributes, a tensor that requires grad keeps that flag.
+            return None
         try:
             return tensor_dtype_info(t.dtype)[0]
         except ValueError:
