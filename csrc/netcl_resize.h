@@ -313,12 +313,18 @@ static inline int netcl_resize_ring_rows(const netcl_resize_axis *y) {
     return y->ksize;
 }
 
+/* int16 entries of the vector path's horizontal table: 32 per output pixel
+ * and group of four taps; none when the taps are too many for that path. */
+static inline size_t netcl_resize_hcoef_count(int kx, int out_w) {
+    return kx <= NETCL_RESIZE_SIMD_MAX_TAPS ? (size_t)out_w * (size_t)((kx + 3) / 4) * 32 : 0;
+}
+
 /* Bytes of work memory for a resize with kx, ky weights per sample from a
  * source in_w pixels wide to out_w: accumulator row, expanded horizontal
  * table, ring of ky rows of 3 planes, and one padded source row. */
 static inline size_t netcl_resize_work_bytes(int kx, int ky, int out_w, int in_w) {
     return ((size_t)out_w + 1) * sizeof(int32_t)
-           + (size_t)out_w * (size_t)((kx + 3) / 4) * 32 * sizeof(int16_t)
+           + netcl_resize_hcoef_count(kx, out_w) * sizeof(int16_t)
            + (size_t)ky * NETCL_RESIZE_CHANNELS * (size_t)out_w
            + (size_t)in_w * NETCL_RESIZE_CHANNELS + NETCL_RESIZE_PAD + 64;
 }
@@ -548,7 +554,7 @@ static inline void netcl_resize_stream_init(netcl_resize_stream *s, const netcl_
     s->groups = (x->ksize + 3) / 4;
     s->acc = (int32_t *)work;
     s->hcoef = (int16_t *)(s->acc + out_w + 1);
-    s->ring = (uint8_t *)(s->hcoef + (size_t)out_w * (size_t)s->groups * 32);
+    s->ring = (uint8_t *)(s->hcoef + netcl_resize_hcoef_count(x->ksize, out_w));
     s->ring_rows = netcl_resize_ring_rows(y);
     s->pad = s->ring + (size_t)s->ring_rows * NETCL_RESIZE_CHANNELS * (size_t)out_w;
     s->simd = netcl_resize_have_avx2() && x->ksize <= NETCL_RESIZE_SIMD_MAX_TAPS
