@@ -29,6 +29,7 @@ from torch.utils.data.dataloader import _DatasetKind, _InfiniteConstantSampler
 
 from . import dataloader as _engine
 from ._errors import LoaderTimeout
+from ._options import is_iterable_dataset
 from ._order import global_order, local_order, shard_length
 from ._worker import get_worker_info  # re-exported, as torch.utils.data has it
 from .datasets import random_split as _random_split
@@ -612,7 +613,7 @@ def _pytorch_checks(dataset, batch_size, shuffle, sampler, batch_sampler, num_wo
             raise TypeError(f"multiprocessing_context option should be a valid context object "
                             f"or a string specifying the start method, but got "
                             f"multiprocessing_context={ctx!r}")
-    if _engine.is_iterable_dataset(dataset):
+    if is_iterable_dataset(dataset):
         if shuffle not in (False, None):
             raise ValueError(f"DataLoader with IterableDataset: expected unspecified shuffle "
                              f"option, but got shuffle={shuffle!r}")
