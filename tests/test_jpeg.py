@@ -22,8 +22,14 @@ from PIL import Image  # noqa: E402
 
 from netcl_loader import _image  # noqa: E402
 
-_jpeg = pytest.importorskip(
-    "netcl_loader._jpeg", reason="the JPEG decoder was not built (libjpeg headers missing)")
+try:
+    from netcl_loader import _jpeg
+except ImportError:  # built without libjpeg: the resize tests still run
+    _jpeg = None
+
+#: For the tests of the decoder (the ``files`` fixture applies it too).
+needs_jpeg = pytest.mark.skipif(
+    _jpeg is None, reason="the JPEG decoder was not built (libjpeg headers missing)")
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -38,6 +44,8 @@ MAX_TOL = 40     # largest absolute difference, levels of 255
 @pytest.fixture(scope="module")
 def files():
     """JPEG bytes of real photos in every layout the decoder handles."""
+    if _jpeg is None:
+        pytest.skip("the JPEG decoder was not built (libjpeg headers missing)")
     rng = np.random.default_rng(18)
     base = photo_region(rng, (410, 310))
     odd = photo_region(rng, (413, 311))
@@ -490,6 +498,7 @@ def png_bytes():
      "(corrupt|truncated) JPEG data"),
     (b"\xff\xd8\xff\xd9", "corrupt JPEG data"),
 ], ids=["empty", "one-byte", "png", "random", "soi-random", "soi-eoi"])
+@needs_jpeg
 def test_not_a_jpeg(data, match):
     dec = _jpeg.Decoder()
     with pytest.raises(_jpeg.ImageError, match=match):
