@@ -488,11 +488,53 @@ NETCL_RESIZE_AVX2 static void netcl_resize_vrow_avx2(const netcl_resize_axis *y,
     }
     const __m256i half = _mm256_set1_epi32(NETCL_RESIZE_HALF);
     const __m256i zero = _mm256_setzero_si256(), top = _mm256_set1_epi32(255);
+    /* Taps in pairs (a zero-weight second row when the count is odd): per
+     * pair, the weights' high and low 11-bit halves as int16 pairs (see the
+     * horizontal pass), matching rows interleaved byte by byte. */
+    const int pairs = (taps + 1) / 2;
+    const uint8_t *ra[NETCL_RESIZE_SIMD_MAX_TAPS / 2], *rb[NETCL_RESIZE_SIMD_MAX_TAPS / 2];
+    __m256i whi[NETCL_RESIZE_SIMD_MAX_TAPS / 2], wlo[NETCL_RESIZE_SIMD_MAX_TAPS / 2];
+    for (int q = 0; q < pairs; q++) {
+        const int t = 2 * q;
+        const int32_t k0 = k[t] < 0 ? 0 : k[t];
+        const int32_t k1 = t + 1 < taps ? (k[t + 1] < 0 ? 0 : k[t + 1]) : 0;
+        ra[q] = rows[t];
+        rb[q] = t + 1 < taps ? rows[t + 1] : rows[t];
+        whi[q] = _mm256_set1_epi32((int32_t)((uint32_t)(k1 >> 11) << 16 | (uint32_t)(k0 >> 11)));
+        wlo[q] = _mm256_set1_epi32((int32_t)((uint32_t)(k1 & 2047) << 16 | (uint32_t)(k0 & 2047)));
+    }
     for (int c = 0; c < NETCL_RESIZE_CHANNELS; c++) {
         const size_t co = (size_t)c * (size_t)out_w;
         const size_t at = (size_t)c * plane + (size_t)i * (size_t)out_w;
         const float *table = lut == NULL ? NULL : lut + (size_t)c * NETCL_RESIZE_LUT_SIZE;
         int w = 0;
+        for (; w + 16 <= out_w; w += 16) {
+            __m256i h0 = _mm256_setzero_si256(), l0 = h0, h1 = h0, l1 = h0;
+            for (int q = 0; q < pairs; q++) {
+                const __m128i a = _mm_loadu_si128((const __m128i *)(const void *)(ra[q] + co + w));
+                const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(rb[q] + co + w));
+                const __m256i v0 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a, b));
+                const __m256i v1 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(a, b));
+                h0 = _mm256_add_epi32(h0, _mm256_madd_epi16(v0, whi[q]));
+                l0 = _mm256_add_epi32(l0, _mm256_madd_epi16(v0, wlo[q]));
+                h1 = _mm256_add_epi32(h1, _mm256_madd_epi16(v1, whi[q]));
+                l1 = _mm256_add_epi32(l1, _mm256_madd_epi16(v1, wlo[q]));
+            }
+            __m256i s0 = _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(h0, 11), l0), half);
+            __m256i s1 = _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(h1, 11), l1), half);
+            s0 = _mm256_min_epi32(_mm256_max_epi32(_mm256_srai_epi32(s0, NETCL_RESIZE_BITS), zero), top);
+            s1 = _mm256_min_epi32(_mm256_max_epi32(_mm256_srai_epi32(s1, NETCL_RESIZE_BITS), zero), top);
+            if (table == NULL) {
+                /* packs works per 128-bit lane: put the 16 values back in order. */
+                __m256i p16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(s0, s1), 0xD8);
+                __m256i p8 = _mm256_permute4x64_epi64(_mm256_packus_epi16(p16, p16), 0x08);
+                _mm_storeu_si128((__m128i *)(void *)((uint8_t *)dst + at + w),
+                                 _mm256_castsi256_si128(p8));
+            } else {
+                _mm256_storeu_ps((float *)dst + at + w, _mm256_i32gather_ps(table, s0, 4));
+                _mm256_storeu_ps((float *)dst + at + w + 8, _mm256_i32gather_ps(table, s1, 4));
+            }
+        }
         for (; w + 8 <= out_w; w += 8) {
             __m256i acc = half;
             for (int t = 0; t < taps; t++) {
