@@ -1,14 +1,19 @@
 """Argument checks shared by the loader, the ring and augment, and the loader's option helpers."""
 from __future__ import annotations
 
+import multiprocessing
 import numbers
+import sys
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from ._collate import torch_module  # the one answer to "is torch loaded?" (never imports it)
 
 __all__ = ["Unset", "given", "check_positive_int", "check_callable",
-           "check_nonnegative_int_or_none", "is_iterable_dataset", "OUTPUTS"]
+           "check_nonnegative_int_or_none", "is_iterable_dataset", "OUTPUTS", "LoaderOptions",
+           "check_options", "resolve_context", "WORKER_SEEDINGS"]
 
 
 class Unset:
@@ -107,3 +112,237 @@ def pinning_available(device):
         return bool(torch.cuda.is_available())
     except Exception:
         return False
+
+
+#: How workers seed their RNGs: "batch" before every batch from (seed, epoch,
+#: batch index), "worker" once per worker (PyTorch's).
+WORKER_SEEDINGS = ("batch", "worker")
+
+
+def resolve_context(ctx):
+    """The multiprocessing context of ``multiprocessing_context``: fork on Linux and
+    spawn elsewhere for None, a start method's by name, or a context as given."""
+    if ctx is None:
+        method = "fork" if sys.platform.startswith("linux") else "spawn"
+        return multiprocessing.get_context(method)
+    if isinstance(ctx, str):
+        methods = multiprocessing.get_all_start_methods()
+        if ctx not in methods:
+            raise ValueError(f"multiprocessing_context={ctx!r} is not a start method of this "
+                             f"platform; expected one of {methods}")
+        return multiprocessing.get_context(ctx)
+    if hasattr(ctx, "Process") and hasattr(ctx, "get_start_method"):
+        return ctx
+    raise TypeError(f"multiprocessing_context must be a start method name or a multiprocessing "
+                    f"context, got {ctx!r}")
+
+
+#: The loader's public attributes, each set from the LoaderOptions field of its name.
+PUBLIC_ATTRIBUTES = (
+    "dataset", "batch_size", "shuffle", "drop_last", "num_workers", "prefetch", "seed",
+    "transforms", "use_shared_mem", "sampler", "batch_sampler", "collate_fn", "zero_copy",
+    "in_order", "timeout", "worker_init_fn", "rank", "world_size", "output", "worker_seeding",
+    "prefetch_factor", "persistent_workers", "generator", "pin_memory_device", "pin_memory",
+    "iterable")
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """A DataLoader's arguments, checked and resolved once (:func:`check_options`).
+
+    ``batch_size`` is None under a batch sampler; ``shuffle`` only where the
+    built-in order is used; ``timeout`` None for none (0 means none, as in
+    PyTorch); ``seed`` drawn when not given; ``transforms`` a tuple;
+    ``pin_memory`` only where an accelerator can page-lock; ``mp_context`` the
+    multiprocessing context; ``distributed`` for more than one rank;
+    ``batched`` false for ``batch_size=None`` without a batch sampler.
+    """
+
+    dataset: Any
+    batch_size: Any
+    shuffle: bool
+    drop_last: bool
+    num_workers: int
+    prefetch: int
+    seed: int
+    transforms: tuple
+    use_shared_mem: bool
+    sampler: Any
+    batch_sampler: Any
+    collate_fn: Any
+    zero_copy: bool
+    in_order: bool
+    timeout: Any
+    worker_init_fn: Any
+    rank: int
+    world_size: int
+    output: Any
+    worker_seeding: str
+    prefetch_factor: Any
+    persistent_workers: bool
+    generator: Any
+    pin_memory_device: str
+    pin_memory: bool
+    iterable: bool
+    mp_context: Any
+    distributed: bool
+    batched: bool
+
+
+def check_options(dataset, batch_size=BATCH_SIZE, shuffle=SHUFFLE, drop_last=DROP_LAST,
+                  num_workers=4, prefetch=None, seed=None, transforms=None, use_shared_mem=True,
+                  sampler=None, batch_sampler=None, collate_fn=None, zero_copy=False,
+                  in_order=True, timeout=None, worker_init_fn=None, multiprocessing_context=None,
+                  rank=None, world_size=None, output=None, worker_seeding="batch",
+                  prefetch_factor=None, persistent_workers=True, pin_memory=False,
+                  pin_memory_device="", generator=None):
+    """The :class:`LoaderOptions` of a DataLoader's arguments (see its docstring).
+
+    Raises
+    ------
+    TypeError, ValueError
+        For an argument of the wrong type or value, or two that conflict;
+        the message names each argument, its value and what is expected.
+    """
+    iterable = is_iterable_dataset(dataset)
+    if not iterable and not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+        raise TypeError(f"dataset must be a map-style dataset with __len__ and __getitem__ "
+                        f"or an iterable-style one with __iter__, got {type(dataset).__name__}")
+    passed_batch_size, batch_size = given(batch_size)
+    passed_shuffle, shuffle = given(shuffle)
+    passed_drop_last, drop_last = given(drop_last)
+    if iterable:
+        if passed_shuffle and shuffle:
+            raise ValueError(f"shuffle={shuffle!r} cannot be used with an iterable-style "
+                             f"dataset ({type(dataset).__name__}): its stream decides the "
+                             f"order; pass shuffle=False or no shuffle")
+        for name, value in (("sampler", sampler), ("batch_sampler", batch_sampler)):
+            if value is not None:
+                raise ValueError(f"{name}={value!r} cannot be used with an iterable-style "
+                                 f"dataset ({type(dataset).__name__}): it has no indices")
+    if batch_sampler is not None:
+        # Judged on what the caller passed, and on whether it changes
+        # anything: PyTorch code passes batch_size=1, shuffle=False, ...
+        checks = (("batch_size", batch_size, passed_batch_size and batch_size != 1),
+                  ("shuffle", shuffle, passed_shuffle and bool(shuffle)),
+                  ("drop_last", drop_last, passed_drop_last and bool(drop_last)),
+                  ("sampler", sampler, sampler is not None))
+        conflicts = [f"{n}={v!r}" for n, v, clash in checks if clash]
+        if conflicts:
+            raise ValueError(f"batch_sampler={batch_sampler!r} is mutually exclusive with "
+                             f"{', '.join(conflicts)}: the batch sampler decides batching "
+                             f"and order")
+        if not hasattr(batch_sampler, "__iter__"):
+            raise TypeError(f"batch_sampler must be an iterable of index lists, got {batch_sampler!r}")
+    if sampler is not None:
+        if passed_shuffle and shuffle:
+            raise ValueError(f"sampler={sampler!r} is mutually exclusive with shuffle=True: "
+                             f"the sampler decides the order; pass shuffle=False or no shuffle")
+        if not hasattr(sampler, "__iter__"):
+            raise TypeError(f"sampler must be an iterable of indices, got {sampler!r}")
+    if batch_size is None:
+        if passed_drop_last and drop_last:
+            raise ValueError("batch_size=None (no batching) is mutually exclusive with "
+                             f"drop_last={drop_last!r}: there is no last, smaller batch")
+    elif batch_sampler is None:
+        batch_size = check_positive_int("batch_size", batch_size)
+    num_workers = check_positive_int("num_workers", num_workers, minimum=0)
+    if prefetch_factor is not None:
+        if prefetch is not None:
+            raise ValueError(f"prefetch={prefetch!r} and prefetch_factor={prefetch_factor!r} "
+                             f"both set the batches in flight; pass one of them")
+        if num_workers == 0:
+            raise ValueError(f"prefetch_factor={prefetch_factor!r} needs worker processes "
+                             f"but num_workers=0; pass num_workers > 0 or no prefetch_factor")
+        prefetch = check_positive_int("prefetch_factor", prefetch_factor) * num_workers
+    if prefetch is None:
+        prefetch = max(2, 2 * num_workers)
+    prefetch = check_positive_int("prefetch", prefetch)
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+            raise TypeError(f"timeout must be a non-negative number of seconds or None, "
+                            f"got {timeout!r}")
+        if not timeout >= 0:
+            raise ValueError(f"timeout must be a non-negative number of seconds or None "
+                             f"(0: no timeout), got {timeout!r}")
+        timeout = None if timeout == 0 else float(timeout)  # PyTorch's 0: wait forever
+    seed = check_nonnegative_int_or_none("seed", seed)
+    if seed is not None:
+        if generator is not None:
+            raise ValueError(f"seed={seed!r} and generator={generator!r} both set the base "
+                             f"seed; pass one of them")
+    if output not in OUTPUTS:
+        raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
+    if worker_seeding not in WORKER_SEEDINGS:
+        raise ValueError(f"worker_seeding must be one of {WORKER_SEEDINGS}, "
+                         f"got {worker_seeding!r}")
+    if not isinstance(pin_memory_device, str):
+        raise TypeError(f"pin_memory_device must be a str, got {pin_memory_device!r}")
+    if (rank is None) != (world_size is None):
+        raise ValueError(f"rank and world_size go together: got rank={rank!r}, "
+                         f"world_size={world_size!r}")
+    if world_size is not None:
+        world_size = check_positive_int("world_size", world_size)
+        if isinstance(rank, bool) or not isinstance(rank, numbers.Integral) or not 0 <= rank < world_size:
+            raise ValueError(f"rank must be an int in [0, world_size={world_size}), got {rank!r}")
+        rank = int(rank)
+        if world_size > 1 and seed is None and not iterable:
+            raise ValueError(f"seed is required when world_size={world_size} > 1, so that every "
+                             f"rank draws the same order; got seed=None")
+        if world_size > 1 and (sampler is not None or batch_sampler is not None):
+            raise ValueError("rank/world_size shard the built-in order; with a sampler or "
+                             "batch_sampler the sampler owns sharding (e.g. DistributedSampler), "
+                             "so pass neither rank nor world_size")
+    if transforms is None:
+        transforms = ()
+    elif callable(transforms):
+        transforms = (transforms,)
+    else:
+        try:
+            transforms = tuple(transforms)
+        except TypeError:
+            raise TypeError(f"transforms must be a callable or a sequence of callables, "
+                            f"got {transforms!r}") from None
+        for t in transforms:
+            if not callable(t):
+                raise TypeError(f"transforms must be callables; {t!r} of type "
+                                f"{type(t).__name__} is not")
+    check_callable("collate_fn", collate_fn)
+    check_callable("worker_init_fn", worker_init_fn)
+    mp_context = resolve_context(multiprocessing_context)
+    if seed is None:
+        seed = seed_from(generator)
+
+    return LoaderOptions(
+        dataset=dataset,
+        batch_size=batch_size if batch_sampler is None else None,
+        shuffle=bool(shuffle) and sampler is None and batch_sampler is None and not iterable,
+        drop_last=bool(drop_last),
+        num_workers=num_workers,
+        prefetch=prefetch,
+        seed=int(seed),
+        transforms=transforms,
+        use_shared_mem=bool(use_shared_mem),
+        sampler=sampler,
+        batch_sampler=batch_sampler,
+        collate_fn=collate_fn,
+        zero_copy=bool(zero_copy),
+        in_order=bool(in_order),
+        timeout=timeout,
+        worker_init_fn=worker_init_fn,
+        rank=0 if rank is None else rank,
+        world_size=1 if world_size is None else world_size,
+        output=output,
+        worker_seeding=worker_seeding,
+        prefetch_factor=prefetch_factor,
+        persistent_workers=bool(persistent_workers),
+        generator=generator,
+        pin_memory_device=pin_memory_device,
+        pin_memory=bool(pin_memory) and pinning_available(pin_memory_device),
+        iterable=iterable,
+        mp_context=mp_context,
+        distributed=world_size is not None and world_size > 1,
+        # Batches in the calling process (num_workers=0) are made by the same
+        # code as in a worker.
+        batched=batch_size is not None or batch_sampler is not None,
+    )

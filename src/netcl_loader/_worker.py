@@ -15,6 +15,7 @@ import numpy as np
 
 from ._collate import (array_as_tensor, collate, gather_rows, tensor_as_array,
                        tensor_dtype_info, torch_module)
+from ._options import WORKER_SEEDINGS  # noqa: F401  (how workers seed their RNGs)
 from ._protocol import (BATCH, END, ENTRY_KIND_MASK, ENTRY_NO_ROOM, ENTRY_PIPED_TASK,
                         ENTRY_REMAP, ENTRY_SLOT_MASK, ENTRY_STOP, ENTRY_TASK, ERROR, ERROR_END,
                         FLAG_PICKLED_INDICES, TASK_HEADER, Result, dumps, error_record, recv_fd)
@@ -79,9 +80,6 @@ def _set_worker_info(info):
             pass
 
 
-#: How workers seed their RNGs: "batch" before each batch from (seed, epoch, batch
-#: index), the same for any num_workers; "worker" once per worker, as PyTorch does.
-WORKER_SEEDINGS = ("batch", "worker")
 
 _MASK64 = (1 << 64) - 1
 

@@ -19,9 +19,7 @@ and the pool's lifetime.
 from __future__ import annotations
 
 import inspect
-import multiprocessing
 import numbers
-import sys
 import time
 import warnings
 import weakref
@@ -29,16 +27,14 @@ import weakref
 from ._collate import torch_module
 from ._epoch import EpochIterator
 from ._errors import LoaderTimeout
-from ._options import (BATCH_SIZE, DROP_LAST, OUTPUTS, SHUFFLE, Unset, check_callable,
-                       check_nonnegative_int_or_none, check_positive_int, given,
-                       is_iterable_dataset,
-                       pinning_available, seed_from)
+from ._options import (BATCH_SIZE, DROP_LAST, PUBLIC_ATTRIBUTES, SHUFFLE, Unset,
+                       check_options, is_iterable_dataset, resolve_context)  # noqa: F401
 from ._order import (STATE_VERSION, check_state, global_order, group, index_batches,
                      length_or_none, local_order, num_batches, shard_length)
 from ._pool import Pool, WorkerError
 from ._stats import LoaderStats
 from ._tree import map_leaves
-from ._worker import WORKER_SEEDINGS, BatchMaker
+from ._worker import BatchMaker
 from .shared_batch import OutputPool, convert_output
 
 __all__ = ["DataLoader", "WorkerError", "LoaderStats", "LoaderTimeout"]
@@ -145,150 +141,27 @@ class DataLoader:
                  persistent_workers=True, pin_memory=False, pin_memory_device="",
                  generator=None, device_queue=None, async_transfer=False):
         self._closed = True  # until construction succeeds: __del__ must not act
-        iterable = is_iterable_dataset(dataset)
-        if not iterable and not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
-            raise TypeError(f"dataset must be a map-style dataset with __len__ and __getitem__ "
-                            f"or an iterable-style one with __iter__, got {type(dataset).__name__}")
-        passed_batch_size, batch_size = given(batch_size)
-        passed_shuffle, shuffle = given(shuffle)
-        passed_drop_last, drop_last = given(drop_last)
-        if iterable:
-            if passed_shuffle and shuffle:
-                raise ValueError(f"shuffle={shuffle!r} cannot be used with an iterable-style "
-                                 f"dataset ({type(dataset).__name__}): its stream decides the "
-                                 f"order; pass shuffle=False or no shuffle")
-            for name, value in (("sampler", sampler), ("batch_sampler", batch_sampler)):
-                if value is not None:
-                    raise ValueError(f"{name}={value!r} cannot be used with an iterable-style "
-                                     f"dataset ({type(dataset).__name__}): it has no indices")
-        if batch_sampler is not None:
-            # Judged on what the caller passed, and on whether it changes
-            # anything: PyTorch code passes batch_size=1, shuffle=False, ...
-            checks = (("batch_size", batch_size, passed_batch_size and batch_size != 1),
-                      ("shuffle", shuffle, passed_shuffle and bool(shuffle)),
-                      ("drop_last", drop_last, passed_drop_last and bool(drop_last)),
-                      ("sampler", sampler, sampler is not None))
-            conflicts = [f"{n}={v!r}" for n, v, clash in checks if clash]
-            if conflicts:
-                raise ValueError(f"batch_sampler={batch_sampler!r} is mutually exclusive with "
-                                 f"{', '.join(conflicts)}: the batch sampler decides batching "
-                                 f"and order")
-            if not hasattr(batch_sampler, "__iter__"):
-                raise TypeError(f"batch_sampler must be an iterable of index lists, got {batch_sampler!r}")
-        if sampler is not None:
-            if passed_shuffle and shuffle:
-                raise ValueError(f"sampler={sampler!r} is mutually exclusive with shuffle=True: "
-                                 f"the sampler decides the order; pass shuffle=False or no shuffle")
-            if not hasattr(sampler, "__iter__"):
-                raise TypeError(f"sampler must be an iterable of indices, got {sampler!r}")
-        if batch_size is None:
-            if passed_drop_last and drop_last:
-                raise ValueError("batch_size=None (no batching) is mutually exclusive with "
-                                 f"drop_last={drop_last!r}: there is no last, smaller batch")
-        elif batch_sampler is None:
-            batch_size = check_positive_int("batch_size", batch_size)
-        num_workers = check_positive_int("num_workers", num_workers, minimum=0)
-        if prefetch_factor is not None:
-            if prefetch is not None:
-                raise ValueError(f"prefetch={prefetch!r} and prefetch_factor={prefetch_factor!r} "
-                                 f"both set the batches in flight; pass one of them")
-            if num_workers == 0:
-                raise ValueError(f"prefetch_factor={prefetch_factor!r} needs worker processes "
-                                 f"but num_workers=0; pass num_workers > 0 or no prefetch_factor")
-            prefetch = check_positive_int("prefetch_factor", prefetch_factor) * num_workers
-        if prefetch is None:
-            prefetch = max(2, 2 * num_workers)
-        prefetch = check_positive_int("prefetch", prefetch)
-        if timeout is not None:
-            if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
-                raise TypeError(f"timeout must be a non-negative number of seconds or None, "
-                                f"got {timeout!r}")
-            if not timeout >= 0:
-                raise ValueError(f"timeout must be a non-negative number of seconds or None "
-                                 f"(0: no timeout), got {timeout!r}")
-            timeout = None if timeout == 0 else float(timeout)  # PyTorch's 0: wait forever
-        seed = check_nonnegative_int_or_none("seed", seed)
-        if seed is not None:
-            if generator is not None:
-                raise ValueError(f"seed={seed!r} and generator={generator!r} both set the base "
-                                 f"seed; pass one of them")
-        if output not in OUTPUTS:
-            raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
-        if worker_seeding not in WORKER_SEEDINGS:
-            raise ValueError(f"worker_seeding must be one of {WORKER_SEEDINGS}, "
-                             f"got {worker_seeding!r}")
-        if not isinstance(pin_memory_device, str):
-            raise TypeError(f"pin_memory_device must be a str, got {pin_memory_device!r}")
-        if (rank is None) != (world_size is None):
-            raise ValueError(f"rank and world_size go together: got rank={rank!r}, "
-                             f"world_size={world_size!r}")
-        if world_size is not None:
-            world_size = check_positive_int("world_size", world_size)
-            if isinstance(rank, bool) or not isinstance(rank, numbers.Integral) or not 0 <= rank < world_size:
-                raise ValueError(f"rank must be an int in [0, world_size={world_size}), got {rank!r}")
-            rank = int(rank)
-            if world_size > 1 and seed is None and not iterable:
-                raise ValueError(f"seed is required when world_size={world_size} > 1, so that every "
-                                 f"rank draws the same order; got seed=None")
-            if world_size > 1 and (sampler is not None or batch_sampler is not None):
-                raise ValueError("rank/world_size shard the built-in order; with a sampler or "
-                                 "batch_sampler the sampler owns sharding (e.g. DistributedSampler), "
-                                 "so pass neither rank nor world_size")
-        if transforms is None:
-            transforms = ()
-        elif callable(transforms):
-            transforms = (transforms,)
-        else:
-            try:
-                transforms = tuple(transforms)
-            except TypeError:
-                raise TypeError(f"transforms must be a callable or a sequence of callables, "
-                                f"got {transforms!r}") from None
-            for t in transforms:
-                if not callable(t):
-                    raise TypeError(f"transforms must be callables; {t!r} of type "
-                                    f"{type(t).__name__} is not")
-        check_callable("collate_fn", collate_fn)
-        check_callable("worker_init_fn", worker_init_fn)
-        self._mp_context = self._resolve_context(multiprocessing_context)
-        if seed is None:
-            seed = seed_from(generator)
-
-        self.dataset = dataset
-        self.batch_size = batch_size if batch_sampler is None else None
-        self.shuffle = bool(shuffle) and sampler is None and batch_sampler is None and not iterable
-        self.drop_last = bool(drop_last)
-        self.num_workers = num_workers
-        self.prefetch = prefetch
-        self.seed = int(seed)
-        self.transforms = transforms
-        self.use_shared_mem = bool(use_shared_mem)
-        self.sampler = sampler
-        self.batch_sampler = batch_sampler
-        self.collate_fn = collate_fn
-        self.zero_copy = bool(zero_copy)
-        self.in_order = bool(in_order)
-        self.timeout = timeout
-        self.worker_init_fn = worker_init_fn
-        self.rank = 0 if rank is None else rank
-        self.world_size = 1 if world_size is None else world_size
-        self.output = output
-        self.worker_seeding = worker_seeding
-        self.prefetch_factor = prefetch_factor
-        self.persistent_workers = bool(persistent_workers)
-        self.generator = generator
-        self.pin_memory_device = pin_memory_device
-        self.pin_memory = bool(pin_memory) and pinning_available(pin_memory_device)
-        self.iterable = iterable
-        self._distributed = world_size is not None and world_size > 1
-        # Batches in the calling process (num_workers=0) are made by the same
-        # code as in a worker.
-        self._batched = batch_size is not None or batch_sampler is not None
+        # Every check (naming the argument, its value and what is expected) and
+        # every resolved default, once.
+        opts = check_options(
+            dataset, batch_size, shuffle, drop_last, num_workers, prefetch, seed, transforms,
+            use_shared_mem, sampler=sampler, batch_sampler=batch_sampler, collate_fn=collate_fn,
+            zero_copy=zero_copy, in_order=in_order, timeout=timeout,
+            worker_init_fn=worker_init_fn, multiprocessing_context=multiprocessing_context,
+            rank=rank, world_size=world_size, output=output, worker_seeding=worker_seeding,
+            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+            pin_memory=pin_memory, pin_memory_device=pin_memory_device, generator=generator)
+        self._options = opts
+        for name in PUBLIC_ATTRIBUTES:
+            setattr(self, name, getattr(opts, name))
+        self._mp_context = opts.mp_context
+        self._distributed = opts.distributed
+        self._batched = opts.batched
         self._maker = self._new_maker()
 
         self._stats = LoaderStats()
-        self._stats.num_workers = num_workers   # what the verdict's advice starts from
-        self._stats.prefetch = prefetch
+        self._stats.num_workers = opts.num_workers   # what the verdict's advice starts from
+        self._stats.prefetch = opts.prefetch
         self._pool = None
         self._pool_dataset = None
         self._pools_started = 0
@@ -318,21 +191,7 @@ class DataLoader:
                           DeprecationWarning, stacklevel=2)
 
     # ------------------------------------------------------------------
-    @staticmethod
-    def _resolve_context(ctx):
-        if ctx is None:
-            method = "fork" if sys.platform.startswith("linux") else "spawn"
-            return multiprocessing.get_context(method)
-        if isinstance(ctx, str):
-            methods = multiprocessing.get_all_start_methods()
-            if ctx not in methods:
-                raise ValueError(f"multiprocessing_context={ctx!r} is not a start method of this "
-                                 f"platform; expected one of {methods}")
-            return multiprocessing.get_context(ctx)
-        if hasattr(ctx, "Process") and hasattr(ctx, "get_start_method"):
-            return ctx
-        raise TypeError(f"multiprocessing_context must be a start method name or a multiprocessing "
-                        f"context, got {ctx!r}")
+    _resolve_context = staticmethod(resolve_context)
 
     @property
     def multiprocessing_context(self):
