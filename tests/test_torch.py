@@ -1399,3 +1399,31 @@ def test_torch_face_iterated_without_a_name_yields_every_batch():
     got = [int(i) for b in TorchLoader(rows(N), batch_size=BATCH, shuffle=True, num_workers=2,
                                        timeout=BATCH_TIMEOUT_SECONDS) for i in b[1]]
     assert sorted(got) == list(range(N))
+
+
+def _datapipe_epochs(make, num_workers, persistent):
+    import torch.utils.data.datapipes as dp
+    pipe = dp.iter.IterableWrapper(list(range(N))).shuffle(buffer_size=5).sharding_filter()
+    ctx = "fork" if num_workers else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # datapipes are deprecated
+        loader = make(pipe, num_workers=num_workers, shuffle=True, multiprocessing_context=ctx,
+                      persistent_workers=persistent)
+        epochs = []
+        for _ in range(2):
+            torch.manual_seed(123)
+            epochs.append([int(x) for x in loader])
+    if isinstance(loader, TorchLoader):
+        loader.close()
+    return epochs
+
+
+@pytest.mark.parametrize("num_workers,persistent", [(0, False), (2, False), (2, True)])
+def test_torch_face_shards_and_seeds_an_iterdatapipe_as_pytorch_does(num_workers, persistent):
+    """A DataPipe's sharding_filter splits it among the workers, and its shufflers are
+    seeded from torch's RNG at every iteration: the same samples as PyTorch's loader."""
+    want = _datapipe_epochs(tud.DataLoader, num_workers, persistent)
+    got = _datapipe_epochs(TorchLoader, num_workers, persistent)
+    assert sorted(got[0]) == list(range(N))  # each sample once: sharded among the workers
+    assert got[0] == got[1]  # the same seed, the same shuffle
+    assert got == want

@@ -14,6 +14,7 @@ imports torch.
 """
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import multiprocessing.context
 import numbers
@@ -25,7 +26,11 @@ import torch
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 from torch.utils.data import DataLoader as _TorchDataLoader
 from torch.utils.data._utils.collate import default_collate, default_convert
-from torch.utils.data.dataloader import _DatasetKind, _InfiniteConstantSampler
+from torch.utils.data.dataloader import (_DatasetKind, _get_distributed_settings,
+                                         _InfiniteConstantSampler, _share_dist_seed,
+                                         _sharding_worker_init_fn)
+from torch.utils.data.datapipes.datapipe import IterDataPipe, MapDataPipe
+from torch.utils.data.graph_settings import apply_random_seed, apply_sharding
 
 from . import dataloader as _engine
 from ._errors import LoaderTimeout
@@ -295,12 +300,14 @@ rank, world_size
         # the order as it is meant (the built-in one unless a sampler is given)
         # and PyTorch's default collate as its own compiled one.
         batched = batch_size is not None or batch_sampler is not None
+        iterable = is_iterable_dataset(dataset)
         eng = _Engine(
-            dataset, batch_size=batch_size, shuffle=bool(shuffle), drop_last=drop_last,
+            dataset, batch_size=batch_size, shuffle=bool(shuffle) and not iterable,
+            drop_last=drop_last,
             num_workers=num_workers, prefetch=prefetch, seed=seed, transforms=transforms,
             use_shared_mem=use_shared_mem, sampler=sampler, batch_sampler=batch_sampler,
             collate_fn=_engine_collate(collate_fn, batched), zero_copy=zero_copy,
-            in_order=in_order, timeout=timeout, worker_init_fn=worker_init_fn,
+            in_order=in_order, timeout=timeout, worker_init_fn=_datapipe_worker_init(dataset, worker_init_fn),
             multiprocessing_context=multiprocessing_context, rank=rank, world_size=world_size,
             output=output, worker_seeding=worker_seeding, prefetch_factor=prefetch_factor,
             persistent_workers=persistent_workers, pin_memory=pin_memory,
@@ -395,7 +402,7 @@ rank, world_size
         kw = dict(num_workers=self.num_workers, transforms=self.transforms,
                   use_shared_mem=self.use_shared_mem, zero_copy=self.zero_copy,
                   in_order=self.in_order, timeout=self.timeout,
-                  worker_init_fn=self.worker_init_fn,
+                  worker_init_fn=_datapipe_worker_init(self.dataset, self.worker_init_fn),
                   multiprocessing_context=self.multiprocessing_context,
                   rank=self.rank, world_size=self.world_size, output=self.output,
                   worker_seeding=self.worker_seeding,
@@ -449,6 +456,8 @@ rank, world_size
     # -- PyTorch's DataLoader API ---------------------------------------------------
     def _get_iterator(self):
         eng = self._eng()
+        if isinstance(eng.dataset, IterDataPipe):
+            _seed_datapipe(eng, self.generator)
         if self.num_workers > 0:
             self.check_worker_number_rationality()
         it = iter(eng)
@@ -614,7 +623,8 @@ def _pytorch_checks(dataset, batch_size, shuffle, sampler, batch_sampler, num_wo
                             f"or a string specifying the start method, but got "
                             f"multiprocessing_context={ctx!r}")
     if is_iterable_dataset(dataset):
-        if shuffle not in (False, None):
+        # An IterDataPipe takes shuffle (PyTorch sets its shufflers with it).
+        if shuffle not in (False, None) and not isinstance(dataset, IterDataPipe):
             raise ValueError(f"DataLoader with IterableDataset: expected unspecified shuffle "
                              f"option, but got shuffle={shuffle!r}")
         if sampler is not None:
@@ -635,6 +645,31 @@ def _pytorch_checks(dataset, batch_size, shuffle, sampler, batch_sampler, num_wo
     elif batch_size is None and drop_last:
         raise ValueError(f"batch_size=None option disables auto-batching and is mutually "
                          f"exclusive with drop_last (got drop_last={drop_last!r})")
+
+
+def _datapipe_worker_init(dataset, worker_init_fn):
+    """The engine's ``worker_init_fn``: for a DataPipe, PyTorch's, which shards the
+    pipe's graph among the workers (and ranks) before the user's function runs."""
+    if not isinstance(dataset, (IterDataPipe, MapDataPipe)):
+        return worker_init_fn
+    world_size, rank = _get_distributed_settings()
+    return functools.partial(_sharding_worker_init_fn, worker_init_fn, world_size, rank)
+
+
+def _seed_datapipe(engine, generator):
+    """Seed the shufflers of an IterDataPipe for the next iteration from torch's RNG (or
+    ``generator``), as PyTorch does at every iteration.  Workers hold the pipe from
+    when they started: the pool starts again (forked or spawned from the seeded pipe)."""
+    seed = _share_dist_seed(generator, None)
+    rng = torch.Generator()
+    rng.manual_seed(seed)
+    apply_random_seed(engine.dataset, rng)
+    if engine.num_workers == 0:
+        world_size, rank = _get_distributed_settings()
+        apply_sharding(engine.dataset, world_size, rank)
+    elif engine._pool is not None:
+        engine._discard_prestarted()
+        engine._shutdown_pool()
 
 
 def _engine_collate(collate_fn, batched):
