@@ -55,6 +55,7 @@
 typedef struct {
     int out_size;
     int ksize;      /* weights stored per output sample (>= every count) */
+    int max_count;  /* the largest count: often below ksize (ksize bounds it) */
     int first;      /* first source sample read by any output sample */
     int last;       /* one past the last source sample read */
     int *start;     /* out_size entries, relative to `first` */
@@ -127,7 +128,7 @@ static inline void netcl_resize_axis_init(netcl_resize_axis *axis, void *mem, in
     int32_t *coef = (int32_t *)mem;
     int *start = (int *)(coef + (size_t)out_size * (size_t)ksize);
     int *count = start + out_size;
-    int first = in_size, last = 0;
+    int first = in_size, last = 0, max_count = 1;
     for (int i = 0; i < out_size; i++) {
         const double center = in0 + (i + 0.5) * scale;
         /* Pillow rounds the window's ends by adding 0.5 and truncating. */
@@ -167,6 +168,9 @@ static inline void netcl_resize_axis_init(netcl_resize_axis *axis, void *mem, in
         }
         start[i] = lo;
         count[i] = hi - lo;
+        if (hi - lo > max_count) {
+            max_count = hi - lo;
+        }
         if (lo < first) {
             first = lo;
         }
@@ -179,6 +183,7 @@ static inline void netcl_resize_axis_init(netcl_resize_axis *axis, void *mem, in
     }
     axis->out_size = out_size;
     axis->ksize = ksize;
+    axis->max_count = max_count;
     axis->first = first;
     axis->last = last;
     axis->start = start;
@@ -593,7 +598,9 @@ static inline void netcl_resize_stream_init(netcl_resize_stream *s, const netcl_
     const int out_w = x->out_size;
     s->x = x;
     s->y = y;
-    s->groups = (x->ksize + 3) / 4;
+    /* Groups of four taps from the largest actual count: a box shrunk by
+     * less than 1.5x has at most 4 taps (one group) although ksize is 5. */
+    s->groups = (x->max_count + 3) / 4;
     s->acc = (int32_t *)work;
     s->hcoef = (int16_t *)(s->acc + out_w + 1);
     s->ring = (uint8_t *)(s->hcoef + netcl_resize_hcoef_count(x->ksize, out_w));
