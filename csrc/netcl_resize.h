@@ -19,15 +19,19 @@
  *  - Box coordinates are single precision, as Pillow parses them.
  *
  * With the same box, resizing a decoded image here gives exactly Pillow's
- * uint8 values; the float32 output maps each of those through a table that
+ * uint8 values (Pillow 13 resizes vertically first when an image shrinks
+ * much more in height than in width; there the two differ by at most one
+ * level); the float32 output maps each of those through a table that
  * computes (v / 255 - mean) / std in float32, as ToTensor and Normalize do.
+ * On x86 CPUs with AVX2 (checked at run time) vector code does the same
+ * integer arithmetic, bit for bit; elsewhere portable scalar code runs.
  *
  * Memory: the caller owns every buffer (coefficient tables, a ring of
- * horizontally resized rows, one int32 accumulator row), sized with the
- * helpers below, so nothing here allocates. The ring holds only `ksize`
- * rows: an output row is written as soon as the last source row it needs has
- * been resized horizontally, which lets a decoder feed source rows one by one
- * while they are still in cache.
+ * horizontally resized rows, an accumulator row, the vector code's table
+ * and one padded source row), sized with the helpers below, so nothing here
+ * allocates. The ring holds only `ksize` rows: an output row is written as
+ * soon as the last source row it needs has been resized horizontally, which
+ * lets a decoder feed source rows one by one while they are still in cache.
  */
 #ifndef NETCL_RESIZE_H
 #define NETCL_RESIZE_H
