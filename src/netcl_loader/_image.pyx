@@ -261,10 +261,12 @@ def resize_into(const uint8_t[:, :, :] src, box, out, flip=False, mean=None, std
 
     Notes
     -----
-    Bilinear, antialiased when shrinking, with exactly the arithmetic of
-    Pillow's ``Image.resize(size, BILINEAR, box)``: uint8 output equals
-    Pillow's result and float32 output equals ToTensor and Normalize applied
-    to it. Runs without the GIL.
+    Bilinear, antialiased when shrinking, with the arithmetic of Pillow's
+    ``Image.resize(size, BILINEAR, box)``, horizontal pass first: uint8
+    output equals Pillow's result (Pillow 13 goes vertical first when the
+    image shrinks much more in height than in width; then within one level)
+    and float32 output equals ToTensor and Normalize applied to it. Runs
+    without the GIL.
     """
     cdef ResizeArgs a
     cdef Py_ssize_t height = src.shape[0], width = src.shape[1]
