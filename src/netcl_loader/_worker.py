@@ -657,6 +657,10 @@ def worker_loop(config, conn, ring, lifeline):
     # Ctrl-C goes to the whole process group: the main process handles it and
     # shuts the pool down; a worker that died of it would only add noise.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A forked worker inherits the main process's Python handlers; a framework's
+    # SIGTERM handler (Lightning's broadcasts to the other ranks) would block a
+    # worker that is only meant to end: SIGTERM ends a worker, as by default.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if not start_watchdog(lifeline):
         return  # the main process died while this worker was starting
     limit_threads()
