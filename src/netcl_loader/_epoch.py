@@ -16,7 +16,7 @@ from ._ring import GROW, PIPED, READY
 from ._tree import batch_len, read_only
 from ._worker import RngStates, StreamEnd
 from ._deadline import Deadline
-from .shared_batch import COPY, LEND, VIEW, decode
+from ._layout import COPY, LEND, VIEW, decode
 
 __all__ = ["EpochIterator"]
 

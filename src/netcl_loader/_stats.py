@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from ._system import CpuLimits, available_cpus, cpu_limits  # noqa: F401  (also named here)
+
 __all__ = ["LoaderStats", "EpochRecord", "StageTime", "WorkerFigures", "Verdict",
            "CpuLimits", "cpu_limits", "available_cpus", "STAGES", "WORKER_STAGES",
            "LOADER_BOUND_FRACTION", "WORKERS_SATURATED_FRACTION", "RECENT_BATCHES"]
@@ -96,111 +98,6 @@ _ROW = np.dtype([
     ("wall", np.float64),        # seconds since the previous delivery (holds the step)
     ("time", np.float64),        # loop seconds since the reset, at delivery
 ])
-
-
-# --------------------------------------------------------------------------
-# CPUs this process may use
-
-
-@dataclass(frozen=True)
-class CpuLimits:
-    """The CPUs of the machine and what this process may use of them.
-
-    Attributes
-    ----------
-    machine : int
-        ``os.cpu_count()``.
-    affinity : int
-        CPUs in this process's affinity mask (``os.sched_getaffinity``; ``taskset``,
-        ``docker --cpuset-cpus``).
-    quota : float or None
-        The cgroup's CPU quota in CPUs (``docker --cpus``, Kubernetes limits), None
-        when unlimited or unknown.
-    usable : int
-        ``min(affinity, floor(quota))``, at least 1: the CPUs workers can run on
-        at once.
-    """
-
-    machine: int
-    affinity: int
-    quota: float | None
-    usable: int
-
-
-def _cgroup_quota_cpus():
-    """The tightest cgroup CPU quota over this process's cgroup and its parents, in
-    CPUs; None when there is none or it cannot be read (not Linux)."""
-    try:
-        with open("/proc/self/cgroup") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    quotas = []
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
-        path = path.strip("/")
-        if controllers == "":  # cgroup v2: <dir>/cpu.max holds "<quota|max> <period>"
-            roots, names = ["/sys/fs/cgroup"], ("cpu.max",)
-        elif "cpu" in controllers.split(","):  # cgroup v1
-            roots = ["/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"]
-            names = ("cpu.cfs_quota_us", "cpu.cfs_period_us")
-        else:
-            continue
-        for root in roots:
-            # Inside a container the path may name the host's hierarchy, which
-            # is not mounted there: walk up to the mount's root.
-            rel = path
-            while True:
-                q = _read_quota(os.path.join(root, rel), names)
-                if q is not None:
-                    quotas.append(q)
-                if not rel:
-                    break
-                rel = os.path.dirname(rel)
-    return min(quotas) if quotas else None
-
-
-def _read_quota(directory, names):
-    try:
-        if len(names) == 1:
-            with open(os.path.join(directory, names[0])) as f:
-                quota, period = f.read().split()[:2]
-            if quota == "max":
-                return None
-        else:
-            with open(os.path.join(directory, names[0])) as f:
-                quota = f.read().strip()
-            with open(os.path.join(directory, names[1])) as f:
-                period = f.read().strip()
-        quota, period = int(quota), int(period)
-    except (OSError, ValueError):
-        return None
-    return quota / period if quota > 0 and period > 0 else None
-
-
-def cpu_limits():
-    """The CPUs of this machine and those this process may use.
-
-    Returns
-    -------
-    CpuLimits
-    """
-    machine = os.cpu_count() or 1
-    try:
-        affinity = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # macOS, Windows
-        affinity = machine
-    quota = _cgroup_quota_cpus()
-    usable = affinity if quota is None else min(affinity, int(quota))
-    return CpuLimits(machine, affinity, quota, max(1, usable))
-
-
-def available_cpus():
-    """CPUs this process may use at once (affinity mask and cgroup quota), at least 1."""
-    return cpu_limits().usable
 
 
 # --------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from ._pool import Pool, WorkerError
 from ._stats import LoaderStats
 from ._tree import map_leaves
 from ._worker import BatchMaker
-from .shared_batch import OutputPool, convert_output
+from ._output import OutputPool, convert_output
 
 __all__ = ["DataLoader", "WorkerError", "LoaderStats", "LoaderTimeout"]
 
