@@ -17,8 +17,10 @@ Loaders, each with ``--workers`` worker processes (threads for DALI):
   compiled libjpeg-turbo decoder (skipped when it is not built);
 - ``ours (Pillow fallback)``: the same, with ``NETCL_LOADER_IMAGE_DECODER=pillow``;
 - ``torchvision``: torchvision's ``ImageFolder`` and its v1 transforms under
-  PyTorch's ``DataLoader`` (``persistent_workers=True``) where torchvision
-  imports; otherwise the same pipeline written on Pillow exactly as
+  PyTorch's ``DataLoader`` (``persistent_workers=True``), run by the
+  interpreter given with ``--torchvision-python`` (a bench-only environment
+  where torchvision installs beside its own torch) or in this one where
+  torchvision imports; and the same pipeline written on Pillow exactly as
   torchvision's v1 transforms do it (``get_params`` with torch's RNG, crop,
   ``resize`` bilinear, flip, ``ToTensor``, ``Normalize``), labelled
   "Pillow replica of torchvision v1 transforms";
@@ -42,6 +44,7 @@ Usage::
     python bench/files.py                         # 2,000 files, 5 rounds
     python bench/files.py --files 64 --rounds 1   # smoke test: does it run?
     python bench/files.py --markdown bench/results/files.md --json bench/results/files.json
+    python bench/files.py --torchvision-python /path/to/venv/bin/python   # + real torchvision
 """
 from __future__ import annotations
 
@@ -290,6 +293,63 @@ class TorchLoader:
         del self.loader
 
 
+class TorchvisionProcess:
+    """torchvision's ``ImageFolder`` + v1 transforms under PyTorch's ``DataLoader``, run by
+    another Python interpreter (``--torchvision-python``: a bench-only environment where
+    torchvision installs beside its own torch).  That interpreter runs this file with
+    ``--serve-torchvision``: it builds :class:`TorchLoader` once (persistent workers) and
+    runs one epoch per line it reads; the parent times each epoch from its request to the
+    answer, so the rounds interleave with the other loaders as in-process ones do."""
+
+    def __init__(self, python, root, path, workers):
+        import subprocess
+        self.proc = subprocess.Popen(
+            [python, os.path.abspath(__file__), "--serve-torchvision", root, path, str(workers)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        line = self.proc.stdout.readline()
+        if not line.startswith("ready"):
+            self.close()
+            raise RuntimeError(f"the torchvision peer did not start (said {line!r})")
+        self.versions = line.split(None, 1)[1].strip()
+
+    def epoch(self):
+        self.proc.stdin.write("epoch\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line.strip().isdigit():
+            raise RuntimeError(f"the torchvision peer failed (said {line!r})")
+        return int(line)
+
+    def close(self):
+        # An explicit "quit": worker processes forked here after the child started
+        # hold the write end of its stdin too, so it would never see end of file.
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=60)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def serve_torchvision(root, path, workers):
+    """The loop of :class:`TorchvisionProcess`'s child (runs under the other interpreter)."""
+    import torch
+    import torchvision
+    if _torchvision() is None:
+        print("no torchvision", flush=True)
+        return 1
+    loader = TorchLoader(root, path, workers)
+    print(f"ready torch {torch.__version__}, torchvision {torchvision.__version__}", flush=True)
+    for line in sys.stdin:
+        if line.strip() != "epoch":
+            break
+        print(loader.epoch(), flush=True)
+    loader.close()
+    return 0
+
+
 class DaliCpu:
     def __init__(self, root, path, workers):
         from nvidia.dali import fn, pipeline_def, types
@@ -395,13 +455,16 @@ def cpu_split(root, files=200):
 # --------------------------------------------------------------------------
 
 
-def loaders(root, path, workers):
+def loaders(root, path, workers, torchvision_python=None):
     """[(label, factory or None, note)] in the table's order."""
     from netcl_loader.images import decoder_info
     name, compiled = decoder_info()
     out = [("ours (compiled)", (lambda: Ours(root, path, workers, pillow=False))
             if compiled else None, "" if compiled else name),
            ("ours (Pillow fallback)", lambda: Ours(root, path, workers, pillow=True), "")]
+    if torchvision_python:
+        out.append(("torchvision ImageFolder + transforms, torch DataLoader",
+                    lambda: TorchvisionProcess(torchvision_python, root, path, workers), ""))
     try:
         import torch  # noqa: F401
         label = ("torchvision ImageFolder + transforms" if _torchvision() is not None
@@ -429,7 +492,7 @@ def run(args):
           f"{time.perf_counter() - t0:.1f} s", flush=True)
     results, notes, worker_ms = {}, [], {}
     for path in args.paths:
-        entries = loaders(root, path, args.workers)
+        entries = loaders(root, path, args.workers, args.torchvision_python)
         live = []
         for label, factory, note in entries:
             results[path, label] = []
@@ -456,6 +519,8 @@ def run(args):
         for label, obj in live:
             if isinstance(obj, Ours):
                 worker_ms[path, label] = obj.worker_ms_per_image()
+            if isinstance(obj, TorchvisionProcess) and obj.versions not in " ".join(notes):
+                notes.append(f"torchvision peer: {obj.versions}, in its own environment")
             obj.close()
         limit = decode_limit(root, args.workers)
         results[path, "decode limit"] = [limit]
@@ -477,18 +542,22 @@ def markdown(args, n, mean_bytes, results, notes, worker_ms, split):
              f"{FILE_SIZE[0]}x{FILE_SIZE[1]}), batch {BATCH}, {args.workers} workers, "
              f"medians of {args.rounds} interleaved rounds, images/s "
              f"({platform.machine()}, {os.cpu_count()} CPUs).", ""]
-    head = "| loader |" + "".join(f" {p} img/s | {p} x torch | {p} x limit |" for p in args.paths)
-    lines += [head, "|---|" + "---:|---:|---:|" * len(args.paths)]
+    dali = {p: next((med.get((p, l)) for l in labels if l.startswith("DALI") and (p, l) in med),
+                    None) for p in args.paths}
+    head = "| loader |" + "".join(f" {p} img/s | {p} x torch | {p} x DALI | {p} x limit |"
+                                  for p in args.paths)
+    lines += [head, "|---|" + "---:|---:|---:|---:|" * len(args.paths)]
     for label in labels:
         cells = []
         for p in args.paths:
             v = med.get((p, label))
             lim = med.get((p, "decode limit"))
             if v is None:
-                cells += ["skipped", "", ""]
+                cells += ["skipped", "", "", ""]
                 continue
             cells.append(f"{v:,.0f}")
             cells.append(f"{v / base[p]:.2f}x" if base.get(p) else "")
+            cells.append(f"{v / dali[p]:.2f}x" if dali.get(p) else "")
             cells.append(f"{v / lim:.2f}x" if lim else "")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     if worker_ms:
@@ -516,7 +585,16 @@ def main(argv=None):
                    "~/.cache/netcl_loader/bench-files-N)")
     p.add_argument("--markdown", default="", help="also write the table here")
     p.add_argument("--json", default="", help="write the figures here")
+    p.add_argument("--torchvision-python", default="", help="a Python interpreter where "
+                   "torch and torchvision import (a bench-only environment, e.g. a venv with "
+                   "pip install torch torchvision): runs the real torchvision peer beside "
+                   "the Pillow replica")
+    p.add_argument("--serve-torchvision", nargs=3, metavar=("ROOT", "PATH", "WORKERS"),
+                   help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.serve_torchvision:
+        root, path, workers = args.serve_torchvision
+        return serve_torchvision(root, path, int(workers))
     root, n, mean_bytes, results, notes, worker_ms, split = run(args)
     table = markdown(args, n, mean_bytes, results, notes, worker_ms, split)
     print()
