@@ -203,6 +203,39 @@ def test_same_batches_on_the_torch_face(folder):
         assert_same([(x.numpy(), y.numpy()) for x, y in got], ref)
 
 
+def test_torch_wrappers_keep_the_batch_seed(folder):
+    """torch's Subset and ConcatDataset do not forward the dataset's class
+    attributes: the batch's seed reaches the images inside them all the same."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import ConcatDataset
+    from torch.utils.data import Subset as TorchSubset
+
+    from netcl_loader.torch import DataLoader as TorchLoader
+    ds = ImageFolder(folder, crop=RandomResizedCrop(24), output="uint8")
+    n = len(ds)
+    with DataLoader(ds, batch_size=6, shuffle=False, seed=5) as dl:
+        plain = batches(dl)
+    for wrapped in (TorchSubset(ds, range(n)), ConcatDataset([ds, ds])):
+        runs = [[(x.numpy(), y.numpy()) for x, y in
+                 TorchLoader(wrapped, batch_size=6, num_workers=nw, seed=5)]
+                for nw in (0, 2)]
+        assert_same(runs[1], runs[0])
+        if isinstance(wrapped, TorchSubset):
+            # Through __getitems__: the unwrapped dataset's batches.
+            assert_same(runs[0], plain)
+    # ConcatDataset fetches sample by sample: the same file twice in one batch
+    # gets two different draws, not the batch's first row twice.
+    sampler = [0, n] * 3
+    x, _ = next(iter(TorchLoader(ConcatDataset([ds, ds]), batch_size=6, sampler=sampler,
+                                 seed=1)))
+    assert not all(torch.equal(x[0], x[j]) for j in range(1, 6))
+    # Outside a loader, ds[i] still draws from NumPy's global RNG.
+    np.random.seed(8)
+    a = ds[2][0]
+    np.random.seed(8)
+    np.testing.assert_array_equal(ds[2][0], a)
+
+
 def test_collate_fn_path_and_getitem_match_the_batch_rows(folder):
     ds = ImageFolder(folder, crop=RandomResizedCrop(32))
     with DataLoader(ds, batch_size=4, shuffle=True, seed=7) as dl:

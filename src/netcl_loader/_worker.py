@@ -281,17 +281,22 @@ def _tensor_columns(dataset):
 
 # -- The batch's seed for datasets that ask for it; skipped samples ------------------
 #
-# A dataset whose class sets ``_netcl_batch_seed = True`` draws its random
-# numbers from the batch's own seed, ``batch_seed(base_seed, epoch, seq,
-# rank)``, whatever ``worker_seeding`` is: ``current_batch_seed()`` returns
-# it while the loader makes that batch (in the dataset's ``gather_batch``,
-# ``__getitems__`` or ``__getitem__``), and None elsewhere.  Drawing from
-# ``np.random.default_rng(current_batch_seed())`` then gives the same draws
-# for every ``num_workers``, delivery mode and after a resume, without the
-# global RNGs.  A dataset that replaces a sample by another (a bad file
-# skipped) says so with ``count_skipped()``: the count travels with the batch
-# (in its slot header) to ``loader.stats.skipped``.
+# A dataset may draw its random numbers from the batch's own seed,
+# ``batch_seed(base_seed, epoch, seq, rank)``, whatever ``worker_seeding`` is:
+# ``current_batch_seed()`` returns it while the loader makes any batch (in
+# the dataset's ``gather_batch``, ``__getitems__`` or ``__getitem__``), and
+# None elsewhere.  It is set for every batch, not only for datasets that say
+# they want it (``_netcl_batch_seed = True``), because a wrapper around such a
+# dataset (torch's ``Subset`` or ``ConcatDataset``, a user's own) does not
+# forward class attributes.  ``batch_rng()`` is one Generator on that seed
+# for the whole batch, so samples fetched one by one draw different numbers
+# in a fixed order.  Either gives the same draws for every ``num_workers``,
+# delivery mode and after a resume, without the global RNGs.  A dataset that
+# replaces a sample by another (a bad file skipped) says so with
+# ``count_skipped()``: the count travels with the batch (in its slot header)
+# to ``loader.stats.skipped``.
 _batch_seed_now = None
+_batch_rng_now = None
 _skipped_now = 0
 
 
@@ -299,6 +304,15 @@ def current_batch_seed():
     """The seed of the batch this process is making, for a dataset with
     ``_netcl_batch_seed = True``; None outside a loader's batch or for other datasets."""
     return _batch_seed_now
+
+
+def batch_rng():
+    """A ``numpy.random.Generator`` on :func:`current_batch_seed`, one for the whole
+    batch (made on first use); None outside a loader's batch."""
+    global _batch_rng_now
+    if _batch_rng_now is None and _batch_seed_now is not None:
+        _batch_rng_now = np.random.default_rng(_batch_seed_now)
+    return _batch_rng_now
 
 
 def count_skipped(n=1):
@@ -320,7 +334,7 @@ class BatchMaker:
 
     __slots__ = ("dataset", "collate_fn", "transforms", "batched", "batch_size", "drop_last",
                  "iterable", "seed_batches", "base_seed", "rank", "stream", "stream_token",
-                 "columns", "times", "wants_seed", "key", "skipped", "torch_rules")
+                 "columns", "times", "key", "skipped", "torch_rules")
 
     def __init__(self, dataset, collate_fn, transforms, batched, batch_size, drop_last, iterable,
                  seeding, base_seed, rank, torch_rules=False):
@@ -343,8 +357,7 @@ class BatchMaker:
         self.columns = (_tensor_columns(dataset)
                         if collate_fn is None and batched and not iterable else None)
         self.times = (0, 0, 0)
-        self.wants_seed = bool(getattr(dataset, "_netcl_batch_seed", False))
-        self.key = None       # the next batch's seed, for a dataset that wants it
+        self.key = None       # the next batch's seed (current_batch_seed while made)
         self.skipped = 0      # samples the dataset replaced in the last batch
         # The PyTorch face: batches as default_collate makes them, samples
         # (batch_size=None) as default_convert shapes them.
@@ -352,11 +365,11 @@ class BatchMaker:
 
     def seed(self, epoch, seq):
         """Seed the RNGs for batch ``seq`` of ``epoch``; returns the seed, or None when not seeding."""
-        if self.wants_seed:
-            self.key = batch_seed(self.base_seed, epoch, seq, self.rank)
+        # Every batch's seed is offered (current_batch_seed), for datasets
+        # inside wrappers that do not forward _netcl_batch_seed.
+        seed = self.key = batch_seed(self.base_seed, epoch, seq, self.rank)
         if not self.seed_batches:
             return None
-        seed = batch_seed(self.base_seed, epoch, seq, self.rank)
         seed_everything(seed)
         return seed
 
@@ -367,11 +380,11 @@ class BatchMaker:
         in nanoseconds; a batch fast path counts as fetching (collation is
         fused into it).
         """
-        global _batch_seed_now, _skipped_now
+        global _batch_seed_now, _batch_rng_now, _skipped_now
         clock = time.perf_counter_ns
         t0 = clock()
         collated = False
-        _batch_seed_now, _skipped_now, self.key = self.key, 0, None
+        _batch_seed_now, _batch_rng_now, _skipped_now, self.key = self.key, None, 0, None
         try:
             if self.iterable:
                 samples = self._next_from_stream()
@@ -389,7 +402,7 @@ class BatchMaker:
                 getitems = getattr(self.dataset, "__getitems__", None)
                 samples = getitems(idx) if getitems is not None else [self.dataset[i] for i in idx]
         finally:
-            self.skipped, _batch_seed_now = _skipped_now, None
+            self.skipped, _batch_seed_now, _batch_rng_now = _skipped_now, None, None
         t1 = clock()
         if collated:
             batch = samples

@@ -11,7 +11,7 @@ per sample, so a million files cost a few tens of MB and forked workers
 copy nothing on write.
 
 Randomness (the crop box, the flip) is drawn from the batch's own seed (see
-``_worker.current_batch_seed``), one vectorised draw per batch: the same
+``_worker.batch_rng``), one vectorised draw per batch: the same
 loader seed gives the same images for every ``num_workers``, with
 ``zero_copy`` either way, on the torch face, and after a resume.
 
@@ -457,12 +457,16 @@ class _ImageDataset:
 
     def _draws(self, n):
         """The batch's uniform numbers, one row per sample: the crop's, then the flip's."""
-        key = _worker.current_batch_seed()
+        # In a loader's batch: the batch's one Generator, also when this dataset
+        # sits inside a wrapper (torch's Subset, ConcatDataset) that calls
+        # __getitem__ sample by sample; rows follow in call order, so the
+        # samples of a batch differ and every num_workers gives the same.
+        rng = _worker.batch_rng()
         cols = self.crop.draws + 1
-        if key is None:
+        if rng is None:
             # Outside a loader's batch: NumPy's global RNG (np.random.seed holds).
             return np.random.random((n, cols))
-        return np.random.default_rng(key).random((n, cols))
+        return rng.random((n, cols))
 
     def __getitem__(self, i):
         """``(image, label)``: what row 0 of the batch ``[i]`` holds (a fresh array)."""
