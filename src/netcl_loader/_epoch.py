@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import time
-import warnings
 from sys import getrefcount
 
 import numpy as np
@@ -36,21 +35,25 @@ DELIVERY = {
 MAX_LENT_SLOTS = 2
 
 
-def _describe_error(exc):
-    """``Type: message`` of an exception; pyopencl errors also name the routine and code."""
-    text = " ".join(str(a) for a in exc.args) if len(exc.args) > 1 else str(exc)
-    return f"{type(exc).__module__}.{type(exc).__qualname__}: {text}"
-
-
 #: The indices of a task of an iterable-style dataset.
 _NO_INDICES = np.zeros(0, np.int64)
 
 
 class EpochIterator:
-    """One epoch of batches."""
+    """One epoch of batches.
+
+    What it asks of its loader: the epoch's batches of indices (``_batches``),
+    the worker pool (``_get_pool``) and a new iteration token (``_new_token``),
+    the stats, the :class:`~._output.Delivery` and the in-process batch maker,
+    read once here; at its end it says so (``_epoch_over``).  Everything about
+    slots is the pool's slot owner's (``pool.slots``).
+    """
 
     def __init__(self, loader, epoch, prefix, extra, prestarted=False):
         self.loader = loader
+        self.stats = stats = loader._stats
+        self.delivery = loader._delivery
+        self.maker = loader._maker
         self.epoch = epoch
         self.finished = False
         self.prestarted = prestarted     # started early by the loader, not yet handed out
@@ -79,25 +82,22 @@ class EpochIterator:
         self.pool = None
         self.slots = None                # the pool's slot owner: everything about slots
         if not prestarted:
-            loader._stats.begin_epoch(epoch)
+            stats.begin_epoch(epoch)
         if loader.num_workers > 0:
             self.pool = loader._get_pool()
             self.slots = self.pool.slots
-            loader._token = (loader._token + 1) & 0xFFFFFFFF
-            self.token = loader._token
+        self.token = loader._new_token()
+        if self.pool is not None:
             self.slots.begin(self.token)
             self.pool.reap()
             self._fill()
             self.pool.kick_all()  # the first batches start now (an early start's point)
-        else:
-            loader._token = (loader._token + 1) & 0xFFFFFFFF
-            self.token = loader._token
-            if self.iterable:
-                loader._maker.start_stream(self.token)
+        elif self.iterable:
+            self.maker.start_stream(self.token)
         if not prestarted:
             # Starting the pool and the first tasks is time the caller waits too.
             self._last = t0
-            loader._stats.record_wait(time.perf_counter() - t0)
+            stats.record_wait(time.perf_counter() - t0)
 
     def _next_task(self):
         """``(seq, indices, worker id)`` of the next task; StopIteration when there is none."""
@@ -134,7 +134,6 @@ class EpochIterator:
     def __next__(self):
         if self.finished:
             raise StopIteration
-        loader = self.loader
         now = time.perf_counter()
         if self._last is None:
             self._last = now
@@ -146,9 +145,8 @@ class EpochIterator:
             # The loader's own faults (a dead worker, a lost pipe, a timeout)
             # end the iteration; errors of the user's code come back below.
             self.finished = True
-            loader._stopped = (self.epoch, self.done_prefix, set(self.done_extra))
             self.pending = {}
-            loader._end_epoch_pool()
+            self.loader._epoch_over(self, completed=False)
             raise
         if isinstance(got, BaseException):
             raise got  # the dataset's, collate_fn's or a transform's: the epoch goes on
@@ -160,7 +158,7 @@ class EpochIterator:
         if self._tasks_left and self.slots.free:
             self._fill()
         pending = self.pending
-        if pending and loader.in_order:
+        if pending and self.loader.in_order:
             # Tasks queued quietly wait for a worker's wake; when the next batch
             # is not ready yet, the workers must be at work now, not when the
             # caller is back.
@@ -170,15 +168,15 @@ class EpochIterator:
                 if st != READY and st != PIPED:
                     self.pool.kick_all()
         end = time.perf_counter()
-        loader._stats.record_batch(n if not self.iterable else batch_len(batch), wid, times,
-                                   decode, end - self._last)
+        self.stats.record_batch(n if not self.iterable else batch_len(batch), wid, times,
+                                decode, end - self._last)
         self._last = end
         return batch
 
     def _receive(self):
         """The next batch as ``(batch, seq, worker id, samples, stage times, decode
         seconds)``, or the exception a worker's user code raised for it."""
-        loader, stats, slots = self.loader, self.loader._stats, self.slots
+        loader, stats, slots = self.loader, self.stats, self.slots
         while True:
             if slots.leases:
                 self._reclaim(next_call=True)
@@ -240,7 +238,7 @@ class EpochIterator:
                         self.progress.mark(seq)
                     self._fill()
                     return rebuild_error(msg.payload)
-                batch = self._upload_owned(loader._deliver(msg.payload))
+                batch = self._upload_owned(self.delivery.owned(msg.payload))
             if self.iterable and self._replay:
                 self._replay -= 1  # yielded before the resume: made again, dropped
                 self.progress.prefix += 1
@@ -250,8 +248,7 @@ class EpochIterator:
             return batch, seq, wid, n, times, time.perf_counter() - t_decode
 
     def _next_inline(self, now):
-        loader = self.loader
-        maker = loader._maker
+        maker = self.maker
         while True:
             if self.iterable:
                 seq, indices = self.done_prefix, _NO_INDICES
@@ -268,7 +265,7 @@ class EpochIterator:
                 maker.seed(self.epoch, seq)
                 # Outputs come from arrays of earlier batches that the caller
                 # dropped: a fresh large array would pay a page fault per page.
-                batch = maker.make(indices, loader._out_pool.take)
+                batch = maker.make(indices, self.delivery.out_pool.take)
             except StreamEnd:
                 self._finish()
                 raise StopIteration from None
@@ -291,9 +288,9 @@ class EpochIterator:
                 self.progress.mark(seq)
             break
         t_decode = time.perf_counter()
-        batch = self._upload_owned(loader._deliver(batch))
+        batch = self._upload_owned(self.delivery.owned(batch))
         end = time.perf_counter()
-        stats = loader._stats
+        stats = self.stats
         # In-process, making the batch is all the time the caller waits.
         stats.record_wait(t_decode - now)
         fetch, coll, trans = maker.times
@@ -377,7 +374,7 @@ class EpochIterator:
                 break
             pool.check_alive()
             pool.reap()
-        loader._stats.record_wait(deadline.elapsed())
+        self.stats.record_wait(deadline.elapsed())
 
     def _wait_for_slot(self):
         """Sleep until a slot is free: stale tasks finish, the caller drops a lent
@@ -397,7 +394,7 @@ class EpochIterator:
                 raise LoaderTimeout(loader.timeout, f"waiting for a free ring slot (the "
                                                     f"caller holds {slots.lent_count()} batches)")
             slots.wait_gen(seen, deadline.slice_ms())
-        loader._stats.record_wait(deadline.elapsed())
+        self.stats.record_wait(deadline.elapsed())
 
     def _reclaim(self, next_call=False):
         slots = self.slots
@@ -407,7 +404,7 @@ class EpochIterator:
             # Time the caller waits for the device, too.
             while not slots.free and slots.reclaim_oldest_upload():
                 pass
-            self.loader._stats.record_wait(time.perf_counter() - t0)
+            self.stats.record_wait(time.perf_counter() - t0)
 
     # -- delivery -----------------------------------------------------------------
     def _take_ready(self, slot, meta_off, meta_len):
@@ -416,13 +413,13 @@ class EpochIterator:
         Every way out frees or leases the slot: a batch that cannot be decoded
         (no memory for the copy, a record that does not load) frees it.
         """
-        loader, slots = self.loader, self.slots
+        delivery, slots = self.delivery, self.slots
         # The region's references before any view of it exists (and before
         # `seg` below holds one): a lent slot is free again once back to this.
         seg = slots.segments[slot]
         base = getrefcount(seg) - 2  # Slots.refs(slot): less the call's and `seg`'s own
         try:
-            if loader._uploader is not None:
+            if delivery.uploader is not None:
                 # NumPy views: the uploader copies float32 arrays to the device
                 # and the other fields out of the slot (tensors pass as they are).
                 views = decode(seg, meta_off, meta_len, VIEW, output="numpy")
@@ -430,15 +427,15 @@ class EpochIterator:
                 del views
                 if batch is not None:
                     return batch
-            if loader.zero_copy:
+            if delivery.zero_copy:
                 mode = "zero_copy"
-            elif loader._uploader is None and slots.lent_count() < MAX_LENT_SLOTS:
+            elif delivery.uploader is None and slots.lent_count() < MAX_LENT_SLOTS:
                 mode = "lend"
             else:
                 mode = "copy"
             how, lease = DELIVERY[mode]
             batch = decode(seg, meta_off, meta_len, how,
-                           loader._out_pool if how == COPY else None, output=loader.output)
+                           delivery.out_pool if how == COPY else None, output=delivery.output)
         except BaseException:
             if slot not in slots.leases:
                 slots.release(slot)
@@ -447,36 +444,25 @@ class EpochIterator:
             slots.release(slot)
         else:
             slots.lease(slot, lease, base if lease == LEASE_REFS else None)
-        return loader._finalize(batch)
+        return delivery.finish(batch)
 
     def _upload(self, batch, slot=None):
         """``batch`` on the bound queue's device; its slot (if any) is leased until the
         copies complete.  On an OpenCL error: None for a slot's batch (the caller
-        decodes it another way), the batch itself otherwise; warns once."""
-        loader = self.loader
-        t0 = time.perf_counter()
-        try:
-            gb = loader._uploader.upload(batch)
-        except Exception as exc:
-            loader._stats.upload_fallbacks += 1
-            if not loader._warned_upload:
-                loader._warned_upload = True
-                warnings.warn(f"OpenCL upload failed ({_describe_error(exc)}); yielding NumPy "
-                              f"batches instead (counted in loader.stats.upload_fallbacks)",
-                              RuntimeWarning, stacklevel=4)
+        decodes it another way), the batch itself otherwise (the delivery warns once)."""
+        gb = self.delivery.upload(batch)
+        if gb is None:
             return None if slot is not None else batch
-        loader._stats.uploads += 1
-        loader._stats.record_upload(time.perf_counter() - t0)
         if slot is not None:
             self.slots.lease(slot, LEASE_UPLOAD, gb)
         return gb
 
     def _upload_owned(self, batch):
         """Upload a batch whose arrays the loader owns (pipe path, num_workers=0)."""
-        loader = self.loader
-        if loader._uploader is None:
+        delivery = self.delivery
+        if delivery.uploader is None:
             # zero_copy promises read-only arrays: piped and in-process batches too.
-            return read_only(batch) if loader.zero_copy else batch
+            return read_only(batch) if delivery.zero_copy else batch
         return self._upload(batch)
 
     def _wait_uploads(self):
@@ -488,20 +474,17 @@ class EpochIterator:
     def _finish(self):
         if not self.finished:
             self.finished = True
-            self.loader._stats.end_epoch(self.epoch)
+            self.stats.end_epoch(self.epoch)
             self._cleanup()
-            self.loader._end_epoch_pool()
-            self.loader._prestart(self.epoch + 1)
+            self.loader._epoch_over(self, completed=True)
 
     def _abandon(self):
         """End this iteration early; its batches still in flight are discarded later."""
         if not self.finished:
             self.finished = True
-            if not self.prestarted:
-                self.loader._stopped = (self.epoch, self.done_prefix, set(self.done_extra))
             self._cleanup()
             if not self.prestarted:
-                self.loader._end_epoch_pool()
+                self.loader._epoch_over(self, completed=False)
 
     def _cleanup(self):
         if self.pool is not None and self.pool is self.loader._pool and self.pool.alive:
@@ -513,8 +496,7 @@ class EpochIterator:
                 pass
             # Slots still in flight belong to an old token now and are reaped
             # by the next iteration; tell workers to skip their tasks.
-            self.loader._token = (self.loader._token + 1) & 0xFFFFFFFF
-            self.slots.begin(self.loader._token)
+            self.slots.begin(self.loader._new_token())
         self.pending = {}
         self._failed = {}
 

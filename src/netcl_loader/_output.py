@@ -1,8 +1,11 @@
 """How batches reach the caller: the loader's ``output`` rule (NumPy arrays or torch
-tensors), the pool of arrays that copied batches are made in."""
+tensors), the pool of arrays that copied batches are made in, and the
+:class:`Delivery` that holds them with the finishing touches and the uploader."""
 from __future__ import annotations
 
 import sys
+import time
+import warnings
 
 import numpy as np
 
@@ -11,7 +14,7 @@ from ._collate import (array_as_tensor, is_tensor, tensor_as_array, tensor_dtype
 from ._options import OUTPUTS
 from ._tree import map_leaves
 
-__all__ = ["convert_output", "OutputPool", "OUTPUTS"]
+__all__ = ["convert_output", "OutputPool", "Delivery", "OUTPUTS"]
 
 
 def _load_torch():
@@ -164,3 +167,79 @@ class OutputPool:
     def clear(self):
         self._arrays.clear()
 
+
+class Delivery:
+    """How the loader's batches reach the caller: built once by the loader and handed
+    to each epoch's iterator.
+
+    It holds the ``output`` rule, ``zero_copy`` (read-only batches), the
+    finishing touch ``pin_memory`` asks for, the :class:`OutputPool` copies are
+    made in, and the bound queue's uploader (None: no queue bound).  The
+    loader's attributes of those names read and write these.
+    """
+
+    __slots__ = ("output", "zero_copy", "pin_memory", "out_pool", "uploader", "stats",
+                 "warned_upload")
+
+    def __init__(self, stats, output=None, zero_copy=False, pin_memory=False):
+        self.output = output
+        self.zero_copy = zero_copy
+        self.pin_memory = pin_memory
+        self.out_pool = OutputPool()
+        self.uploader = None
+        self.stats = stats
+        self.warned_upload = False
+
+    def owned(self, batch):
+        """A batch the loader owns (made in-process or piped), as ``output`` asks, finished."""
+        if self.output is not None:
+            batch = convert_output(batch, self.output)
+        return self.finish(batch)
+
+    def finish(self, batch):
+        """The last touch on every yielded batch: with ``pin_memory=True`` (which holds
+        only where torch found an accelerator), tensors in page-locked memory."""
+        if not self.pin_memory:
+            return batch
+        torch = torch_module()  # loaded: pin_memory holds only where torch found CUDA
+        return map_leaves(batch, lambda x: x.pin_memory() if isinstance(x, torch.Tensor) else x)
+
+    def upload(self, batch):
+        """``batch`` on the bound queue's device (its copies started), or None when
+        OpenCL refuses it: then one RuntimeWarning per queue bound, and the
+        fallback is counted in ``stats.upload_fallbacks``."""
+        stats = self.stats
+        t0 = time.perf_counter()
+        try:
+            gb = self.uploader.upload(batch)
+        except Exception as exc:
+            stats.upload_fallbacks += 1
+            if not self.warned_upload:
+                self.warned_upload = True
+                warnings.warn(f"OpenCL upload failed ({_describe_error(exc)}); yielding NumPy "
+                              f"batches instead (counted in loader.stats.upload_fallbacks)",
+                              RuntimeWarning, stacklevel=5)
+            return None
+        stats.uploads += 1
+        stats.record_upload(time.perf_counter() - t0)
+        return gb
+
+    def bind(self, uploader):
+        """Use ``uploader`` (None: none) from the next batch on; the old one is closed."""
+        old, self.uploader = self.uploader, uploader
+        self.warned_upload = False
+        if old is not None:
+            old.close()
+
+    def close(self):
+        """Drop the pooled arrays and close the uploader (its pooled device buffers
+        go back to OpenCL)."""
+        self.out_pool.clear()
+        if self.uploader is not None:
+            self.uploader.close()
+
+
+def _describe_error(exc):
+    """``Type: message`` of an exception; pyopencl errors also name the routine and code."""
+    text = " ".join(str(a) for a in exc.args) if len(exc.args) > 1 else str(exc)
+    return f"{type(exc).__module__}.{type(exc).__qualname__}: {text}"

@@ -22,7 +22,7 @@ from ._protocol import (BATCH, END, ENTRY_KIND_MASK, ENTRY_NO_ROOM, ENTRY_PIPED_
 from ._ring import CANCELLED, GROW, PIPED
 from ._seed import batch_seed, fast_rngs
 from ._tree import torch_sample_structure, torch_structure
-from .shared_batch import SlotFull, SlotWriter
+from ._layout import SlotFull, SlotWriter
 
 __all__ = ["WorkerInfo", "get_worker_info", "worker_seed"]
 
@@ -321,20 +321,119 @@ def count_skipped(n=1):
     _skipped_now += n
 
 
+class _MapFetcher:
+    """The samples of one batch of indices from a map-style dataset.
+
+    ``fetch(indices, alloc)`` returns ``(samples, collated)``: a batch already
+    collated into ``alloc``'s buffers (a ``TensorDataset``'s rows gathered, or
+    the dataset's batch fast path ``gather_batch``; ``collated`` True), else
+    the samples of ``__getitems__`` or ``__getitem__`` (or, without batching,
+    the one sample as fetched).
+    """
+
+    __slots__ = ("dataset", "batched", "columns", "gather")
+
+    def __init__(self, dataset, batched, collate_fn):
+        self.dataset = dataset
+        self.batched = batched  # False: batch_size=None, the sample as fetched
+        collates_here = collate_fn is None and batched
+        self.columns = _tensor_columns(dataset) if collates_here else None
+        self.gather = collates_here and hasattr(dataset, "gather_batch")
+
+    def fetch(self, indices, alloc):
+        if not self.batched:
+            # No auto-batching: the sample as fetched (PyTorch's batch_size=None).
+            index = indices[0]
+            return self.dataset[int(index) if isinstance(index, np.integer) else index], False
+        if isinstance(indices, np.ndarray):
+            if self.columns is not None:
+                return self._gather_tensors(indices, alloc), True
+            if self.gather:
+                return self.dataset.gather_batch(indices, alloc), True
+        idx = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
+        getitems = getattr(self.dataset, "__getitems__", None)
+        return (getitems(idx) if getitems is not None else [self.dataset[i] for i in idx]), False
+
+    def _gather_tensors(self, indices, alloc):
+        """A TensorDataset's batch: each column's rows gathered into ``alloc``'s buffer
+        (one checked memcpy per row, without the GIL), as tensors on that buffer."""
+        idx = np.ascontiguousarray(indices, dtype=np.int64)
+        out = []
+        for a, view in self.columns:
+            dst = alloc((len(idx),) + a.shape[1:], a.dtype)
+            gather_rows(a, idx, dst)
+            out.append(array_as_tensor(dst, view))
+        return tuple(out)
+
+
+class _IterableFetcher:
+    """The next batch's samples (or, without batching, the next sample) of an
+    iterable-style dataset's stream: one pass per iteration (``start``), cut
+    into batches of ``batch_size``; raises StreamEnd when the pass is over.
+
+    An exception raised by the stream itself ends that stream for this epoch
+    (``stream`` is None then).
+    """
+
+    __slots__ = ("dataset", "batched", "batch_size", "drop_last", "stream", "token")
+
+    def __init__(self, dataset, batched, batch_size, drop_last):
+        self.dataset = dataset
+        self.batched = batched
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.stream = None
+        self.token = None
+
+    def start(self, token):
+        """A new pass over the dataset for iteration ``token`` (once per epoch)."""
+        if self.token != token:
+            self.token = token
+            self.stream = iter(self.dataset)
+
+    def fetch(self, indices, alloc):
+        it = self.stream
+        if it is None:
+            raise StreamEnd()
+        if not self.batched:
+            try:
+                return next(it), False
+            except StopIteration:
+                self.stream = None
+                raise StreamEnd() from None
+            except BaseException:
+                self.stream = None
+                raise
+        samples = []
+        try:
+            for _ in range(self.batch_size):
+                samples.append(next(it))
+        except StopIteration:
+            self.stream = None
+        except BaseException:
+            self.stream = None
+            raise
+        if not samples or (self.drop_last and len(samples) < self.batch_size):
+            self.stream = None
+            raise StreamEnd()
+        return samples, False
+
+
 class BatchMaker:
     """Makes the batches of one loader: the same code in a worker and in-process.
 
-    The one path used by every mode: map-style batches through the dataset's
-    batch fast path or its ``__getitems__``/``__getitem__``, then the compiled
-    collate (writing into ``alloc``'s buffers) or the user's ``collate_fn``;
-    samples without batching (``batch_size=None``); an iterable-style stream
-    cut into batches; then ``transforms``.  Seeds the RNGs before a batch as
-    ``worker_seeding`` asks.
+    The one path used by every mode: the samples from the fetcher
+    (:class:`_MapFetcher`: the dataset's batch fast path or its
+    ``__getitems__``/``__getitem__``, or samples without batching;
+    :class:`_IterableFetcher`: a stream cut into batches), then the compiled
+    collate (writing into ``alloc``'s buffers) or the user's ``collate_fn``,
+    then ``transforms``.  Seeds the RNGs before a batch as ``worker_seeding``
+    asks.
     """
 
-    __slots__ = ("dataset", "collate_fn", "transforms", "batched", "batch_size", "drop_last",
-                 "iterable", "seed_batches", "base_seed", "rank", "stream", "stream_token",
-                 "columns", "times", "key", "skipped", "torch_rules")
+    __slots__ = ("dataset", "collate_fn", "transforms", "batched", "iterable", "fetcher",
+                 "seed_batches", "base_seed", "rank", "times", "key", "skipped",
+                 "torch_rules")
 
     def __init__(self, dataset, collate_fn, transforms, batched, batch_size, drop_last, iterable,
                  seeding, base_seed, rank, torch_rules=False):
@@ -342,9 +441,9 @@ class BatchMaker:
         self.collate_fn = collate_fn
         self.transforms = tuple(transforms)
         self.batched = batched          # False: batch_size=None, samples as fetched
-        self.batch_size = batch_size    # of a stream's batches (iterable-style)
-        self.drop_last = drop_last
         self.iterable = iterable
+        self.fetcher = (_IterableFetcher(dataset, batched, batch_size, drop_last) if iterable
+                        else _MapFetcher(dataset, batched, collate_fn))
         # A batch made without any user code draws no random numbers: seeding
         # it would only cost time (ArrayDataset's gather path).
         self.seed_batches = seeding == "batch" and not (
@@ -352,16 +451,21 @@ class BatchMaker:
             and batched and not iterable)
         self.base_seed = base_seed
         self.rank = rank
-        self.stream = None
-        self.stream_token = None
-        self.columns = (_tensor_columns(dataset)
-                        if collate_fn is None and batched and not iterable else None)
         self.times = (0, 0, 0)
         self.key = None       # the next batch's seed (current_batch_seed while made)
         self.skipped = 0      # samples the dataset replaced in the last batch
         # The PyTorch face: batches as default_collate makes them, samples
         # (batch_size=None) as default_convert shapes them.
         self.torch_rules = torch_rules
+
+    @property
+    def stream(self):
+        """The iterable-style dataset's pass in progress (None: ended, or map-style)."""
+        return self.fetcher.stream if self.iterable else None
+
+    def start_stream(self, token):
+        """A new pass over the iterable dataset for iteration ``token`` (once per epoch)."""
+        self.fetcher.start(token)
 
     def seed(self, epoch, seq):
         """Seed the RNGs for batch ``seq`` of ``epoch``; returns the seed, or None when not seeding."""
@@ -383,24 +487,9 @@ class BatchMaker:
         global _batch_seed_now, _batch_rng_now, _skipped_now
         clock = time.perf_counter_ns
         t0 = clock()
-        collated = False
         _batch_seed_now, _batch_rng_now, _skipped_now, self.key = self.key, None, 0, None
         try:
-            if self.iterable:
-                samples = self._next_from_stream()
-            elif not self.batched:
-                # No auto-batching: the sample as fetched (PyTorch's batch_size=None).
-                index = indices[0]
-                samples = self.dataset[int(index) if isinstance(index, np.integer) else index]
-            elif self.columns is not None and isinstance(indices, np.ndarray):
-                samples, collated = self._gather_tensors(indices, alloc), True
-            elif (self.collate_fn is None and isinstance(indices, np.ndarray)
-                  and hasattr(self.dataset, "gather_batch")):
-                samples, collated = self.dataset.gather_batch(indices, alloc), True
-            else:
-                idx = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
-                getitems = getattr(self.dataset, "__getitems__", None)
-                samples = getitems(idx) if getitems is not None else [self.dataset[i] for i in idx]
+            samples, collated = self.fetcher.fetch(indices, alloc)
         finally:
             self.skipped, _batch_seed_now, _batch_rng_now = _skipped_now, None, None
         t1 = clock()
@@ -421,57 +510,6 @@ class BatchMaker:
             batch = torch_structure(batch) if self.batched else torch_sample_structure(batch)
         self.times = (t1 - t0, t2 - t1, clock() - t2)
         return batch
-
-    def _gather_tensors(self, indices, alloc):
-        """A TensorDataset's batch: each column's rows gathered into ``alloc``'s buffer
-        (one checked memcpy per row, without the GIL), as tensors on that buffer."""
-        idx = np.ascontiguousarray(indices, dtype=np.int64)
-        out = []
-        for a, view in self.columns:
-            dst = alloc((len(idx),) + a.shape[1:], a.dtype)
-            gather_rows(a, idx, dst)
-            out.append(array_as_tensor(dst, view))
-        return tuple(out)
-
-    def start_stream(self, token):
-        """A new pass over the iterable dataset for iteration ``token`` (once per epoch)."""
-        if self.stream_token != token:
-            self.stream_token = token
-            self.stream = iter(self.dataset)
-
-    def end_stream(self):
-        self.stream = None
-
-    def _next_from_stream(self):
-        """The stream's next sample (no batching) or list of samples (raises StreamEnd).
-
-        An exception raised by the stream itself ends that stream for this epoch.
-        """
-        it = self.stream
-        if it is None:
-            raise StreamEnd()
-        if not self.batched:
-            try:
-                return next(it)
-            except StopIteration:
-                self.stream = None
-                raise StreamEnd() from None
-            except BaseException:
-                self.stream = None
-                raise
-        samples = []
-        try:
-            for _ in range(self.batch_size):
-                samples.append(next(it))
-        except StopIteration:
-            self.stream = None
-        except BaseException:
-            self.stream = None
-            raise
-        if not samples or (self.drop_last and len(samples) < self.batch_size):
-            self.stream = None
-            raise StreamEnd()
-        return samples
 
 
 class WorkerConfig(NamedTuple):

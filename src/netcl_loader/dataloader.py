@@ -24,7 +24,6 @@ import time
 import warnings
 import weakref
 
-from ._collate import torch_module
 from ._epoch import EpochIterator
 from ._errors import LoaderTimeout
 from ._options import (BATCH_SIZE, DROP_LAST, PUBLIC_ATTRIBUTES, SHUFFLE, Unset,
@@ -33,11 +32,20 @@ from ._order import (STATE_VERSION, check_state, global_order, group, index_batc
                      length_or_none, local_order, num_batches, shard_length)
 from ._pool import Pool, WorkerError
 from ._stats import LoaderStats
-from ._tree import map_leaves
 from ._worker import BatchMaker
-from ._output import OutputPool, convert_output
+from ._output import Delivery
 
 __all__ = ["DataLoader", "WorkerError", "LoaderStats", "LoaderTimeout"]
+
+
+def _delivery_attribute(name):
+    """A loader attribute that is the loader's :class:`Delivery`'s ``name``."""
+    def get(self):
+        return getattr(self._delivery, name)
+
+    def put(self, value):
+        setattr(self._delivery, name, value)
+    return property(get, put)
 
 
 class DataLoader:
@@ -152,6 +160,11 @@ class DataLoader:
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
             pin_memory=pin_memory, pin_memory_device=pin_memory_device, generator=generator)
         self._options = opts
+        self._stats = LoaderStats()
+        # How batches reach the caller (output, zero_copy, pin_memory's finishing
+        # touch, the output pool, the uploader), handed to every epoch's
+        # iterator; the loader's attributes of those names are its.
+        self._delivery = Delivery(self._stats)
         for name in PUBLIC_ATTRIBUTES:
             setattr(self, name, getattr(opts, name))
         self._mp_context = opts.mp_context
@@ -159,7 +172,6 @@ class DataLoader:
         self._batched = opts.batched
         self._maker = self._new_maker()
 
-        self._stats = LoaderStats()
         self._stats.num_workers = opts.num_workers   # what the verdict's advice starts from
         self._stats.prefetch = opts.prefetch
         self._pool = None
@@ -172,9 +184,6 @@ class DataLoader:
         self._prestarted = None      # (iterator, config) of the next epoch, started early
         self._active = None          # weakref to the running iterator
         self._token = 0
-        self._uploader = None
-        self._warned_upload = False
-        self._out_pool = OutputPool()
         self._closed = False
 
         if pin_memory and not self.pin_memory:
@@ -192,6 +201,11 @@ class DataLoader:
 
     # ------------------------------------------------------------------
     _resolve_context = staticmethod(resolve_context)
+
+    output = _delivery_attribute("output")
+    zero_copy = _delivery_attribute("zero_copy")
+    pin_memory = _delivery_attribute("pin_memory")
+    _uploader = _delivery_attribute("uploader")  # the bound queue's (None: none bound)
 
     @property
     def multiprocessing_context(self):
@@ -354,14 +368,11 @@ class DataLoader:
         ...     step(x, y)           # kernels on `queue` wait for x's copy by itself
         """
         self._finish_uploads()
-        old, self._uploader = self._uploader, None
-        if old is not None:
-            old.close()
+        self._delivery.bind(None)  # the old uploader is closed
         if queue is None:
             return
         from .gpu_batch import Uploader
-        self._uploader = Uploader(queue, allocator=allocator)
-        self._warned_upload = False
+        self._delivery.bind(Uploader(queue, allocator=allocator))
 
     def _finish_uploads(self):
         it = self._active() if self._active is not None else None
@@ -399,12 +410,6 @@ class DataLoader:
         if not self.persistent_workers:
             self._shutdown_pool()
 
-    def _deliver(self, batch):
-        """A batch the loader owns (made in-process or piped), as ``output`` asks."""
-        if self.output is not None:
-            batch = convert_output(batch, self.output)
-        return self._finalize(batch)
-
     #: Batches shaped as PyTorch's default_collate and default_convert shape
     #: them (set by the PyTorch face): its collate rules (any sequence or
     #: mapping is walked), plain tuples as lists, strings in a sequence as
@@ -412,13 +417,21 @@ class DataLoader:
     #: batch is made (see BatchMaker).
     _tuples_as_lists = False
 
-    def _finalize(self, batch):
-        """The last touch on every yielded batch: with ``pin_memory=True`` and an
-        accelerator, tensors in page-locked memory."""
-        if not self.pin_memory:
-            return batch
-        torch = torch_module()  # loaded: pin_memory holds only where torch found CUDA
-        return map_leaves(batch, lambda x: x.pin_memory() if isinstance(x, torch.Tensor) else x)
+    # -- what an epoch's iterator asks of its loader ----------------------------
+    def _new_token(self):
+        """The token of a new iteration: workers skip tasks of any other."""
+        self._token = (self._token + 1) & 0xFFFFFFFF
+        return self._token
+
+    def _epoch_over(self, it, completed):
+        """Iterator ``it`` has ended: ``completed`` (its last batch delivered) starts the
+        next epoch's first tasks now; otherwise where it stopped is kept for
+        :meth:`state_dict`.  Either way a pool that is not persistent ends."""
+        if not completed:
+            self._stopped = (it.epoch, it.done_prefix, set(it.done_extra))
+        self._end_epoch_pool()
+        if completed:
+            self._prestart(it.epoch + 1)
 
     @property
     def worker_pids(self):
@@ -512,9 +525,7 @@ class DataLoader:
         self._discard_prestarted()
         self._closed = True
         self._shutdown_pool()
-        self._out_pool.clear()
-        if self._uploader is not None:
-            self._uploader.close()  # its pooled device buffers go back to OpenCL
+        self._delivery.close()  # pooled arrays dropped, device buffers back to OpenCL
 
     def __enter__(self):
         return self
