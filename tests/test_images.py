@@ -563,6 +563,59 @@ def test_on_error_skip_replaces_by_the_next_good_file_and_counts(bad_folder, num
             next(iter(dl))
 
 
+def test_extensions_is_refused_where_it_would_be_ignored(folder, tmp_path):
+    paths = [str(p) for p in sorted((folder / "cat").iterdir())]
+    with pytest.raises(ValueError, match=r"ImageFiles: extensions must be None, got '\.jpg'"):
+        ImageFiles(paths, [0] * len(paths), extensions=".jpg")
+    ds = ImageFolder(folder)
+    shards = write_shards(ds, folder, tmp_path, per_shard=100)
+    with pytest.raises(ValueError, match=r"TarImages: extensions must be None, got \('\.png',\)"):
+        TarImages(shards, extensions=(".png",))
+    assert ImageFiles(paths, [0] * len(paths)).extensions is None
+
+
+def test_folders_fifos_and_devices_named_like_images_fail_without_hanging(tmp_path):
+    import signal
+    good = make_jpegs(tmp_path / "ok", 1, size=(40, 30), seed=2)[0]
+    (tmp_path / "dir.jpg").mkdir()
+    os.mkfifo(tmp_path / "pipe.jpg")   # open() would wait for a writer forever
+    odd = [str(tmp_path / "dir.jpg"), str(tmp_path / "pipe.jpg"), "/dev/zero"]
+    signal.alarm(60)   # a hang fails the test instead of stalling the run
+    try:
+        for path, what in zip(odd, ["a directory", "not a regular file", "not a regular file"]):
+            ds = ImageFiles([path, good], [0, 1], crop=CenterCrop(16), flip=0)
+            with pytest.raises(ImageFileError, match=what) as e:
+                ds[0]
+            assert path in str(e.value)
+        skip = ImageFiles(odd + [good], [0, 1, 2, 3], crop=CenterCrop(16), flip=0,
+                          on_error="skip")
+        with DataLoader(skip, batch_size=4, shuffle=False, num_workers=2) as dl:
+            (x, y), = batches(dl)
+            assert y.tolist() == [3, 3, 3, 3] and dl.stats.skipped == 3
+    finally:
+        signal.alarm(0)
+
+
+def test_skip_is_the_same_for_every_num_workers_when_damage_depends_on_the_crop(tmp_path):
+    """A truncated JPEG decodes when the crop lies above the missing rows (only the
+    crop's rows are decoded) and fails below them; which file replaces it must not
+    depend on what the worker saw before."""
+    files = make_jpegs(tmp_path / "c", 3, size=(160, 160), seed=6)
+    data = open(files[0], "rb").read()
+    open(files[0], "wb").write(data[:len(data) // 2])
+    ds = ImageFiles(files, [0, 1, 2], crop=RandomResizedCrop(16, scale=(0.02, 0.05)),
+                    output="uint8", on_error="skip")
+    kw = dict(batch_size=4, sampler=[0] * 48, seed=3)
+    with DataLoader(ds, num_workers=0, **kw) as dl:
+        ref = batches(dl)
+        skipped = dl.stats.skipped
+    with DataLoader(ds, num_workers=2, **kw) as dl:
+        assert_same(batches(dl), ref)
+        assert dl.stats.skipped == skipped
+    labels = np.concatenate([y for _, y in ref])
+    assert 0 < skipped < 48 and (labels == 0).sum() == 48 - skipped
+
+
 # --------------------------------------------------------------------------
 # Memory in forked workers
 

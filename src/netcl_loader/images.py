@@ -27,6 +27,7 @@ import numbers
 import operator
 import os
 import re
+import stat
 import tarfile
 import threading
 import warnings
@@ -175,8 +176,17 @@ def _read_file(path, proc):
     One ``open``, one ``preadv`` into the reused buffer (a second one only for
     a file larger than the buffer), one ``close``.
     """
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
+    # O_NONBLOCK: opening a FIFO named like an image would otherwise wait for
+    # a writer forever; it changes nothing for a regular file.
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+                 | getattr(os, "O_NONBLOCK", 0))
     try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            # A folder, FIFO, socket or device (one reads forever) is not an image file.
+            kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+            raise ImageFileError(f"{os.fsdecode(path)}: {kind} (an image must be a regular "
+                                 f"file)")
         buf = proc.buf
         n = _pread_into(fd, buf, 0)
         if n == len(buf):
@@ -403,6 +413,12 @@ def _checked_options(crop, flip, mean, std, output, on_error, what):
     return crop, float(flip), mean, std, output, on_error
 
 
+def _no_extensions(extensions, what, why):
+    """Refuse an ``extensions`` a dataset would not use (no argument is silently ignored)."""
+    if extensions is not None:
+        raise ValueError(f"{what}: extensions must be None, got {extensions!r}: {why}")
+
+
 def _names_blob(names):
     """(blob, offsets) of a sequence of bytes names: one uint8 array and int64 offsets."""
     lengths = np.fromiter((len(b) for b in names), np.int64, len(names))
@@ -524,10 +540,10 @@ class _ImageDataset:
             try:
                 self._decode(i, u, out)
                 return i
-            except (OSError, ImageFileError):
+            except (OSError, ImageFileError) as exc:
                 if self.on_error == "raise":
                     raise
-                self._bad.add(i)
+                self._remember_bad(i, exc)
         # on_error="skip": the next readable file in dataset order (i + 1, i + 2,
         # ..., wrapping around), with this row's random numbers.  It depends only
         # on the dataset, so every num_workers and a resume give the same.
@@ -538,14 +554,23 @@ class _ImageDataset:
                 continue
             try:
                 self._decode(k, u, out)
-            except (OSError, ImageFileError):
-                self._bad.add(k)
+            except (OSError, ImageFileError) as exc:
+                self._remember_bad(k, exc)
                 continue
             _worker.count_skipped()
             return k
         raise ImageFileError(f"{type(self).__name__}: none of its {n} files could be read as "
                              f"an image (on_error='skip' has nothing to replace "
                              f"{self._name(i)} with)")
+
+    def _remember_bad(self, i, exc):
+        # A file is remembered as bad (not tried again in this process) only
+        # when its failure does not depend on the crop: the compiled decoder
+        # decodes only the crop's rows, so damage below the box goes unseen,
+        # and remembering such a failure would make later batches depend on
+        # which batches this process happened to make before (num_workers).
+        if not getattr(exc, "_netcl_crop_dependent", False):
+            self._bad.add(i)
 
     def _decode(self, i, u, out):
         proc = _here()
@@ -567,9 +592,14 @@ class _ImageDataset:
                 try:
                     width, height = dec.info(data)
                     box = self.crop.box(height, width, u)
-                    dec.decode_into(data, box, out, flip, mean, std)
                 except jpeg.ImageError as exc:
                     raise ImageFileError(f"{self._name(i)}: {exc}") from None
+                try:
+                    dec.decode_into(data, box, out, flip, mean, std)
+                except jpeg.ImageError as exc:
+                    err = ImageFileError(f"{self._name(i)}: {exc}")
+                    err._netcl_crop_dependent = True
+                    raise err from None
                 return
         try:
             src = _pillow_rgb(data)
@@ -633,17 +663,22 @@ class ImageFiles(_ImageDataset):
         ``output="float32"`` gives ``(v / 255 - mean) / std``; both None: ``v / 255``.
     output : {"float32", "uint8"}, default "float32"
         ``"uint8"``: CHW uint8, not normalised (to normalise on the device).
-    extensions : optional
-        Not used: every path given is read (the keyword is shared with
-        :class:`ImageFolder`).
+    extensions : None
+        Only None: every path given is read (the keyword is shared with
+        :class:`ImageFolder`, which selects files by it); anything else raises
+        ValueError rather than being silently ignored.
     on_error : {"raise", "skip"}, default "raise"
-        A missing, empty, truncated or non-image file raises an error naming it
-        (from the loader's ``next()``: ``FileNotFoundError`` or another
-        ``OSError``, or :class:`ImageFileError`), or is replaced by the next
-        readable file in dataset order (index ``i + 1``, ``i + 2``, ...
-        wrapping around) with the same random crop draws, counted in
-        ``loader.stats.skipped``.  Which file replaces it depends only on the
-        dataset, so every ``num_workers`` and a resumed epoch give the same.
+        A missing, empty, truncated or non-image file (or a folder, FIFO or
+        device) raises an error naming it (from the loader's ``next()``:
+        ``FileNotFoundError`` or another ``OSError``, or
+        :class:`ImageFileError`), or is replaced by the next readable file in
+        dataset order (index ``i + 1``, ``i + 2``, ... wrapping around), not
+        the epoch's shuffled order (a worker sees only its batch's indices),
+        with the same random crop draws, counted in ``loader.stats.skipped``.
+        Which file replaces it depends only on the files and the draws, so
+        every ``num_workers`` and a resumed epoch give the same.  A JPEG is
+        decoded over the crop's rows only: damage below the crop (a truncated
+        file) is found only by crops that reach it.
 
     Notes
     -----
@@ -667,9 +702,9 @@ class ImageFiles(_ImageDataset):
         if len(targets) != len(names):
             raise ValueError(f"ImageFiles: {len(names)} paths but {len(targets)} labels; "
                              f"give one label per path")
-        # Accepted so that the three datasets take the same keywords; every
-        # path given is read, whatever its name.
-        self.extensions = extensions
+        _no_extensions(extensions, "ImageFiles", "every path given is read, whatever its "
+                       "name; filter the list before passing it")
+        self.extensions = None
         self._names = _FileNames("", names)
         del names
         self.targets = targets
@@ -875,6 +910,9 @@ class TarImages(_ImageDataset):
         Samples are numbered shard by shard, in tar order.
     crop, flip, mean, std, output, on_error
         As for :class:`ImageFiles`.
+    extensions : None
+        Only None (anything else raises ValueError): the image members taken
+        are ``.jpg``, ``.jpeg`` and ``.png``.
     """
 
     def __init__(self, shards, crop=_DEFAULT_CROP, flip=0.5, mean=(0.485, 0.456, 0.406),
@@ -890,7 +928,9 @@ class TarImages(_ImageDataset):
         for s in self.shards:
             if not os.path.isfile(s):
                 raise FileNotFoundError(f"TarImages: shard {s!r} does not exist")
-        self.extensions = extensions
+        _no_extensions(extensions, "TarImages", "a shard's samples are its KEY.jpg, "
+                       "KEY.jpeg and KEY.png members with a KEY.cls")
+        self.extensions = None
         parts = [_TarIndex.load(s) for s in self.shards]
         self._shard = np.concatenate([np.full(len(p["offset"]), k, np.int32)
                                       for k, p in enumerate(parts)])
