@@ -1427,3 +1427,34 @@ def test_torch_face_shards_and_seeds_an_iterdatapipe_as_pytorch_does(num_workers
     assert sorted(got[0]) == list(range(N))  # each sample once: sharded among the workers
     assert got[0] == got[1]  # the same seed, the same shuffle
     assert got == want
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_torch_face_a_second_iteration_alongside_the_first_is_refused_not_cut_short(num_workers):
+    """PyTorch runs two iterations of one loader side by side; this loader runs one at
+    a time.  The first one, ended by the second, raises RuntimeError at its next
+    ``next()`` instead of stopping as if its epoch were over; the second yields every
+    batch, none leaked from the first.  A finished first iteration, or one dropped
+    after ``break``, just stops as before."""
+    ds = tud.TensorDataset(torch.arange(10))
+    want = [b[0].tolist() for b in tud.DataLoader(ds, batch_size=3)]
+    loader = TorchLoader(ds, batch_size=3, num_workers=num_workers,
+                         timeout=BATCH_TIMEOUT_SECONDS)
+    first = iter(loader)
+    assert next(first)[0].tolist() == want[0]
+    second = iter(loader)
+    assert [b[0].tolist() for b in second] == want
+    with pytest.raises(RuntimeError, match="ended by a later iter"):
+        next(first)
+    with pytest.raises(RuntimeError, match="ended by a later iter"):
+        for _ in loader:  # nested loops over one loader: the outer one is ended
+            for _ in loader:
+                pass
+    done = iter(loader)
+    assert [b[0].tolist() for b in done] == want
+    assert [b[0].tolist() for b in loader] == want
+    assert list(done) == []  # finished before the next iteration: just stops
+    for _ in loader:
+        break
+    assert [b[0].tolist() for b in loader] == want
+    loader.close()

@@ -49,6 +49,11 @@ class EpochIterator:
     slots is the pool's slot owner's (``pool.slots``).
     """
 
+    #: Raised by ``next()`` once a newer iteration of the loader has ended this
+    #: one (set by the PyTorch face, whose users expect two iterations to run
+    #: side by side); None: such an iteration just stops.
+    superseded = None
+
     def __init__(self, loader, epoch, prefix, extra, prestarted=False):
         self.loader = loader
         self.stats = stats = loader._stats
@@ -133,6 +138,8 @@ class EpochIterator:
     # -- main loop ------------------------------------------------------------
     def __next__(self):
         if self.finished:
+            if self.superseded is not None:
+                raise self.superseded
             raise StopIteration
         now = time.perf_counter()
         if self._last is None:

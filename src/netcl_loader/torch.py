@@ -460,7 +460,20 @@ rank, world_size
             _seed_datapipe(eng, self.generator)
         if self.num_workers > 0:
             self.check_worker_number_rationality()
+        # One iteration runs at a time: a new one ends an unfinished one.  PyTorch
+        # runs both, so code written for it may go on with the first; it is told
+        # so (RuntimeError) rather than seeing that epoch stop short.
+        old = eng._active() if eng._active is not None else None
+        if old is not None and old.finished:
+            old = None
         it = iter(eng)
+        if old is not None and old is not it:
+            old.superseded = RuntimeError(
+                "this iteration of a netcl_loader.torch.DataLoader was ended by a later "
+                "iter() of the same loader while it was unfinished: the loader runs one "
+                "iteration at a time (PyTorch's runs both). Finish or drop the first "
+                "iteration before starting another, or use a second DataLoader for a "
+                "pass that runs alongside")
         object.__setattr__(self, "_iterated", True)
         if (self._dataset_kind == _DatasetKind.Iterable
                 and self._IterableDataset_len_called is not None):
