@@ -328,6 +328,21 @@ def test_tar_shards_give_what_the_folder_gives(folder, tmp_path):
     assert "extra.jpg" in grown._name(7)
 
 
+def test_tar_index_where_the_cache_cannot_be_written(folder, tmp_path):
+    """The index is then kept in memory only, and nothing is left beside the shard
+    (a folder takes the cache's name: as root, a read-only folder is still writable)."""
+    ds = ImageFolder(folder, crop=CenterCrop(16))
+    shards = write_shards(ds, folder, tmp_path, per_shard=100)
+    os.mkdir(f"{shards[0]}.idx.npz")
+    before = sorted(os.listdir(tmp_path))
+    tar = TarImages(shards, crop=CenterCrop(16), flip=0)
+    assert sorted(os.listdir(tmp_path)) == before
+    assert len(tar) == len(ds)
+    np.testing.assert_array_equal(tar.gather_batch([3, 9], np.empty)[0],
+                                  ImageFolder(folder, crop=CenterCrop(16), flip=0)
+                                  .gather_batch([3, 9], np.empty)[0])
+
+
 def test_tar_shards_need_labels_and_no_compression(tmp_path):
     data = encode_jpeg(photo_region(np.random.default_rng(0), (40, 30)))
     bad = tmp_path / "nolabel.tar"
@@ -541,6 +556,36 @@ def test_a_png_named_jpg_is_an_image(bad_folder):
     assert mean_abs <= MEAN_ABS_LEVELS and worst <= MAX_LEVELS
 
 
+def test_pillow_failures_are_the_files_errors(bad_folder, monkeypatch):
+    """Any failure inside Pillow (here its decompression-bomb limit, which is not an
+    OSError) is the file's ImageFileError, named, and skipped with on_error="skip"."""
+    root, paths = bad_folder
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)
+    ds = ImageFolder(root, crop=CenterCrop(16), flip=0)
+    with pytest.raises(ImageFileError, match="too large for Pillow") as e:
+        ds[5]   # the PNG, 100 x 80
+    assert paths[5] in str(e.value)
+    skip = ImageFolder(root, crop=CenterCrop(16), flip=0, on_error="skip")
+    np.testing.assert_array_equal(skip[5][0], ds[6][0])
+
+
+def test_exif_orientation_is_ignored_as_torchvision_ignores_it(tmp_path, monkeypatch):
+    """torchvision's loader (Image.open(...).convert("RGB")) does not apply EXIF
+    orientation; neither do we, on either path."""
+    img = Image.fromarray(photo_region(np.random.default_rng(4), (60, 90)))  # 90 wide
+    exif = Image.Exif()
+    exif[0x0112] = 6   # "rotate 90 degrees clockwise to display"
+    path = tmp_path / "rotated.jpg"
+    img.save(path, "JPEG", quality=95, exif=exif)
+    ref = torchvision_v1_eval(str(path), 40, 40)
+    for decoder in ("auto", "pillow"):
+        monkeypatch.setenv(DECODER_ENV, decoder)
+        x, _ = ImageFiles([str(path)], [0], crop=CenterCrop(40, resize=40), flip=0,
+                          output="uint8")[0]
+        mean_abs, worst = levels(x, ref)
+        assert mean_abs <= MEAN_ABS_LEVELS and worst <= MAX_LEVELS, (decoder, mean_abs)
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_on_error_skip_replaces_by_the_next_good_file_and_counts(bad_folder, num_workers):
     root, paths = bad_folder
@@ -667,6 +712,20 @@ def test_image_files_checks_its_lists(folder):
         ImageFiles(paths, [0, 1, 2])
     with pytest.raises(ValueError, match="single name"):
         ImageFiles(paths[0], [0])
+    # Every refusal names the argument and the value.
+    for labels in (["cat"] * 8, [0.5] * 8, [[0] * 4] * 2):
+        with pytest.raises(ValueError, match=r"labels must be a sequence of integers") as e:
+            ImageFiles(paths, labels)
+        assert repr(labels)[:20] in str(e.value)
+    assert ImageFiles(paths, np.arange(8.0)).targets.dtype == np.int64   # whole floats
+    with pytest.raises(TypeError, match=r"paths\[1\] is None"):
+        ImageFiles([paths[0], None], [0, 1])
+    with pytest.raises(TypeError, match="paths must be a sequence of file names, got 5"):
+        ImageFiles(5, [0])
+    with pytest.raises(TypeError, match="root must be a folder name.*got 5"):
+        ImageFolder(5)
+    with pytest.raises(TypeError, match="shards must be a sequence of file names, got 5"):
+        TarImages(5)
     ds = ImageFiles(paths, range(8), crop=CenterCrop(16), flip=0)
     assert len(ds) == 8 and ds.path(-1) == paths[-1]
     np.testing.assert_array_equal(ds[-1][0], ds[7][0])

@@ -230,8 +230,14 @@ def _pillow_rgb(data):
         head = bytes(data[:_SHOWN_BYTES])
         raise ImageFileError(f"not an image (its {len(data)} bytes start with {head!r}, "
                              f"which no decoder recognises)") from None
-    except (OSError, SyntaxError, ValueError, EOFError) as exc:
-        raise ImageFileError(f"truncated or corrupt image data ({exc})") from None
+    except Image.DecompressionBombError as exc:
+        # Pillow's (and so torchvision's) limit, Image.MAX_IMAGE_PIXELS.
+        raise ImageFileError(f"too large for Pillow ({exc})") from None
+    except MemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a damaged file breaks Pillow's plugins in many ways
+        raise ImageFileError(f"truncated or corrupt image data ({type(exc).__name__}: "
+                             f"{exc})") from None
 
 
 # --------------------------------------------------------------------------
@@ -411,6 +417,40 @@ def _checked_options(crop, flip, mean, std, output, on_error, what):
         mean = tuple(float(x) for x in mean)
         std = tuple(float(x) for x in std)
     return crop, float(flip), mean, std, output, on_error
+
+
+def _fs_names(values, name, what):
+    """File names (bytes) of the sequence ``values``; TypeError naming ``name`` and the
+    first item that is not a file name."""
+    try:
+        items = iter(values)
+    except TypeError:
+        raise TypeError(f"{what}: {name} must be a sequence of file names, got "
+                        f"{values!r}") from None
+    out = []
+    for k, v in enumerate(items):
+        try:
+            out.append(os.fsencode(v))
+        except TypeError:
+            raise TypeError(f"{what}: {name}[{k}] is {v!r}, not a file name (str, bytes or "
+                            f"os.PathLike)") from None
+    return out
+
+
+def _int_labels(labels, what):
+    """``labels`` as a 1-d int64 array; ValueError naming them when they are not
+    whole numbers in one dimension."""
+    try:
+        arr = np.asarray(labels)
+        ok = arr.ndim == 1 and (arr.size == 0 or arr.dtype.kind in "iub" or (
+            arr.dtype.kind == "f" and np.isfinite(arr).all() and (arr == np.round(arr)).all()))
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        shown = repr(labels) if len(repr(labels)) <= 80 else repr(labels)[:77] + "..."
+        raise ValueError(f"{what}: labels must be a sequence of integers, one per path, "
+                         f"got {shown}")
+    return arr.astype(np.int64)
 
 
 def _no_extensions(extensions, what, why):
@@ -697,8 +737,8 @@ class ImageFiles(_ImageDataset):
         if isinstance(paths, (str, bytes, os.PathLike)):
             raise ValueError(f"ImageFiles: paths must be a sequence of file names, got the "
                              f"single name {paths!r}")
-        names = [os.fsencode(p) for p in paths]
-        targets = np.asarray(labels, np.int64).reshape(-1) if len(names) else np.zeros(0, np.int64)
+        names = _fs_names(paths, "paths", "ImageFiles")
+        targets = _int_labels(labels, "ImageFiles")
         if len(targets) != len(names):
             raise ValueError(f"ImageFiles: {len(names)} paths but {len(targets)} labels; "
                              f"give one label per path")
@@ -770,7 +810,11 @@ class ImageFolder(ImageFiles):
                  on_error="raise"):
         self._setup(crop, flip, mean, std, output,
                     on_error, "ImageFolder")
-        root = os.path.expanduser(os.fspath(root))
+        try:
+            root = os.path.expanduser(os.fspath(root))
+        except TypeError:
+            raise TypeError(f"ImageFolder: root must be a folder name (str or os.PathLike), "
+                            f"got {root!r}") from None
         if isinstance(root, bytes):
             root = os.fsdecode(root)
         if not os.path.exists(root):
@@ -832,12 +876,17 @@ class _TarIndex:
         except Exception:  # missing, stale layout or damaged (a zip error): rebuilt
             pass
         index = _TarIndex.build(shard)
+        tmp = f"{cache}.{os.getpid()}.tmp.npz"
         try:
-            tmp = f"{cache}.{os.getpid()}.tmp.npz"
             np.savez(tmp, stamp=stamp, **index)
             os.replace(tmp, cache)   # atomic: a reader sees a whole index or none
         except OSError:
-            pass  # not writable: the index lives in memory only
+            # Not writable (or the cache's name is taken by a folder): the
+            # index lives in memory only, and no temporary is left behind.
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
         return index
 
     @staticmethod
@@ -922,7 +971,8 @@ class TarImages(_ImageDataset):
                     on_error, "TarImages")
         if isinstance(shards, (str, bytes, os.PathLike)):
             shards = [shards]
-        self.shards = [os.fsdecode(os.path.abspath(os.fspath(s))) for s in shards]
+        self.shards = [os.fsdecode(os.path.abspath(s))
+                       for s in _fs_names(shards, "shards", "TarImages")]
         if not self.shards:
             raise ValueError("TarImages: shards is empty; give at least one tar file")
         for s in self.shards:
