@@ -359,6 +359,18 @@ def test_tar_shards_need_labels_and_no_compression(tmp_path):
         tf.addfile(info, io.BytesIO(data))
     with pytest.raises(ValueError, match="uncompressed"):
         TarImages(gz)
+    # Cut inside the first member's data: tarfile's own error, with the shard named.
+    whole = tmp_path / "whole.tar"
+    with tarfile.open(whole, "w") as tf:
+        for name, payload in (("k1.jpg", data), ("k1.cls", b"1")):
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tf.addfile(info, io.BytesIO(payload))
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(whole.read_bytes()[:700])
+    with pytest.raises(ValueError, match="is damaged") as e:
+        TarImages(cut)
+    assert str(cut) in str(e.value)
 
 
 # --------------------------------------------------------------------------
@@ -403,6 +415,27 @@ def test_center_crop_matches_torchvision_recipe(folder, monkeypatch, force_pillo
         got = floats[i].astype(np.float64)
         err = np.abs(got - want) * np.array(STD)[:, None, None] * 255
         assert err.mean() <= MEAN_ABS_LEVELS, (ds.path(i), err.mean())
+
+
+@pytest.mark.parametrize("force_pillow", [False, True])
+def test_images_smaller_than_the_crop_are_enlarged_not_padded(tmp_path, monkeypatch,
+                                                              force_pillow):
+    if force_pillow:
+        monkeypatch.setenv(DECODER_ENV, "pillow")
+    rng = np.random.default_rng(9)
+    paths = []
+    for k, (h, w) in enumerate([(10, 14), (1, 1), (3, 40)]):
+        paths.append(str(tmp_path / f"{k}.jpg"))
+        (tmp_path / f"{k}.jpg").write_bytes(encode_jpeg(photo_region(rng, (h, w)), quality=95))
+    ds = ImageFiles(paths, [0, 1, 2], crop=CenterCrop(24, resize=27), flip=0, output="uint8")
+    for i, p in enumerate(paths):
+        mean_abs, worst = levels(ds[i][0], torchvision_v1_eval(p, 27, 24))
+        assert mean_abs <= MEAN_ABS_LEVELS and worst <= MAX_LEVELS, (p, mean_abs, worst)
+    # A training crop larger than the image: its box is the image's, enlarged.
+    big = ImageFiles(paths, [0, 1, 2], crop=RandomResizedCrop(32), output="uint8")
+    images, _ = big.gather_batch([0, 1, 2], np.empty)
+    assert images.shape == (3, 3, 32, 32)
+    assert (images[1] == images[1][:, :1, :1]).all()   # 1 x 1: one colour
 
 
 def test_whole_image_crop_and_flip_match_pillow(folder):

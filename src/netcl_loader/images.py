@@ -344,6 +344,10 @@ class CenterCrop:
 
     Nothing is resized twice: the centre crop's box is mapped back onto the
     source image (a fractional box) and resized once, straight to ``size``.
+    Nothing is padded either: ``resize`` is at least the crop's largest side,
+    so an image smaller than the crop is enlarged first, as torchvision's
+    ``Resize`` then ``CenterCrop`` enlarge it (torchvision's ``CenterCrop``
+    alone would pad it with zeros instead).
 
     Parameters
     ----------
@@ -900,7 +904,12 @@ class _TarIndex:
                              f"samples are read by byte offset, so shards must not be "
                              f"compressed") from None
         with tf:
-            for m in tf:
+            try:
+                members = list(tf)   # headers only: the images are not read
+            except tarfile.TarError as exc:
+                raise ValueError(f"TarImages: {shard} is damaged: {exc} (a truncated or "
+                                 f"corrupt tar file)") from None
+            for m in members:
                 if not m.isfile():
                     continue
                 match = _WDS_KEY.match(m.name)
@@ -914,8 +923,11 @@ class _TarIndex:
                 if ext in _TAR_IMAGE_EXTS:
                     g["image"] = (m.offset_data, m.size, ext)
                 elif ext == "cls":
-                    f = tf.extractfile(m)
-                    text = f.read().decode("utf-8", "replace").strip()
+                    try:
+                        text = tf.extractfile(m).read().decode("utf-8", "replace").strip()
+                    except (tarfile.TarError, OSError) as exc:
+                        raise ValueError(f"TarImages: {shard} is damaged: {m.name} cannot be "
+                                         f"read ({exc})") from None
                     try:
                         g["cls"] = int(text)
                     except ValueError:
