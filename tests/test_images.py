@@ -438,6 +438,32 @@ def test_images_smaller_than_the_crop_are_enlarged_not_padded(tmp_path, monkeypa
     assert (images[1] == images[1][:, :1, :1]).all()   # 1 x 1: one colour
 
 
+def test_other_formats_follow_torchvisions_loader(tmp_path):
+    """PNG (16-bit grey, palette with transparency, grey, grey + alpha, RGBA) and WebP
+    go through Pillow's convert("RGB"), as torchvision's loader reads them."""
+    from PIL import features
+    rgb = photo_region(np.random.default_rng(2), (30, 44))
+    img = Image.fromarray(rgb)
+    wide = Image.fromarray(rgb[..., 0].astype(np.uint16) * 200)   # 16-bit, values past 255
+    palette = img.convert("P")
+    made = {"p16.png": (wide, {}), "pal.png": (palette, {"transparency": 0}),
+            "grey.png": (img.convert("L"), {}), "la.png": (img.convert("LA"), {}),
+            "rgba.png": (img.convert("RGBA"), {})}
+    if features.check("webp"):
+        made["x.webp"] = (img, {"quality": 90})
+    paths = []
+    for name, (im, kw) in made.items():
+        im.save(tmp_path / name, **kw)
+        paths.append(str(tmp_path / name))
+    assert Image.open(paths[0]).mode.startswith("I")
+    ds = ImageFiles(paths, range(len(paths)), crop=CenterCrop(24, resize=27), flip=0,
+                    output="uint8")
+    images, _ = ds.gather_batch(np.arange(len(paths)), np.empty)
+    for p, x in zip(paths, images):
+        mean_abs, worst = levels(x, torchvision_v1_eval(p, 27, 24))
+        assert mean_abs <= MEAN_ABS_LEVELS and worst <= MAX_LEVELS, (p, mean_abs, worst)
+
+
 def test_whole_image_crop_and_flip_match_pillow(folder):
     """A RandomResizedCrop whose only possible box is the whole image, flipped."""
     ds = ImageFolder(folder, crop=RandomResizedCrop(50, scale=(1, 1), ratio=(0.1, 10)),
