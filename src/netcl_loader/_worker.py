@@ -285,10 +285,9 @@ def _tensor_columns(dataset):
 # ``batch_seed(base_seed, epoch, seq, rank)``, whatever ``worker_seeding`` is:
 # ``current_batch_seed()`` returns it while the loader makes any batch (in
 # the dataset's ``gather_batch``, ``__getitems__`` or ``__getitem__``), and
-# None elsewhere.  It is set for every batch, not only for datasets that say
-# they want it (``_netcl_batch_seed = True``), because a wrapper around such a
-# dataset (torch's ``Subset`` or ``ConcatDataset``, a user's own) does not
-# forward class attributes.  ``batch_rng()`` is one Generator on that seed
+# None elsewhere.  It is set for every batch, whatever the dataset, so that
+# a dataset inside a wrapper (torch's ``Subset`` or ``ConcatDataset``, a
+# user's own) finds it too.  ``batch_rng()`` is one Generator on that seed
 # for the whole batch, so samples fetched one by one draw different numbers
 # in a fixed order.  Either gives the same draws for every ``num_workers``,
 # delivery mode and after a resume, without the global RNGs.  A dataset that
@@ -301,8 +300,7 @@ _skipped_now = 0
 
 
 def current_batch_seed():
-    """The seed of the batch this process is making, for a dataset with
-    ``_netcl_batch_seed = True``; None outside a loader's batch or for other datasets."""
+    """The seed of the batch this process is making; None outside a loader's batch."""
     return _batch_seed_now
 
 
@@ -469,8 +467,8 @@ class BatchMaker:
 
     def seed(self, epoch, seq):
         """Seed the RNGs for batch ``seq`` of ``epoch``; returns the seed, or None when not seeding."""
-        # Every batch's seed is offered (current_batch_seed), for datasets
-        # inside wrappers that do not forward _netcl_batch_seed.
+        # Every batch's seed is offered (current_batch_seed), whatever the
+        # dataset: one inside a wrapper asks for it too.
         seed = self.key = batch_seed(self.base_seed, epoch, seq, self.rank)
         if not self.seed_batches:
             return None

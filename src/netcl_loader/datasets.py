@@ -142,11 +142,6 @@ class Subset:
     def _netcl_rng_free(self):
         return bool(getattr(self.dataset, "_netcl_rng_free", False))
 
-    @property
-    def _netcl_batch_seed(self):
-        # The wrapped dataset draws from the batch's seed (see _worker.current_batch_seed).
-        return bool(getattr(self.dataset, "_netcl_batch_seed", False))
-
     def __len__(self):
         return len(self.indices)
 

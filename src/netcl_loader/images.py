@@ -476,9 +476,8 @@ class _ImageDataset:
     """What the image datasets share: options, draws, the batch fast path, errors."""
 
     #: Fetching draws no number from the global RNGs (the loader need not
-    #: seed them), and it wants the batch's own seed instead.
+    #: seed them): it draws from the batch's own (_worker.batch_rng).
     _netcl_rng_free = True
-    _netcl_batch_seed = True
 
     def _setup(self, crop, flip, mean, std, output, on_error, what):
         (self.crop, self.flip, self.mean, self.std, self.output,
