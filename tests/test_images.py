@@ -700,24 +700,33 @@ def test_folders_fifos_and_devices_named_like_images_fail_without_hanging(tmp_pa
         signal.alarm(0)
 
 
-def test_skip_is_the_same_for_every_num_workers_when_damage_depends_on_the_crop(tmp_path):
-    """A truncated JPEG decodes when the crop lies above the missing rows (only the
-    crop's rows are decoded) and fails below them; which file replaces it must not
-    depend on what the worker saw before."""
+@pytest.mark.parametrize("cut", [2, 40, "half"])
+def test_a_truncated_jpeg_is_found_by_every_crop(tmp_path, monkeypatch, cut):
+    """The compiled decoder reads only the crop's rows, yet a JPEG cut short is an
+    error for every crop, those above the cut too, as Pillow (torchvision) finds
+    it; with on_error="skip" the batches are then the same for every num_workers."""
     files = make_jpegs(tmp_path / "c", 3, size=(160, 160), seed=6)
     data = open(files[0], "rb").read()
-    open(files[0], "wb").write(data[:len(data) // 2])
-    ds = ImageFiles(files, [0, 1, 2], crop=RandomResizedCrop(16, scale=(0.02, 0.05)),
-                    output="uint8", on_error="skip")
-    kw = dict(batch_size=4, sampler=[0] * 48, seed=3)
+    open(files[0], "wb").write(data[:len(data) // 2 if cut == "half" else len(data) - cut])
+    with pytest.raises(OSError, match="truncated"):
+        Image.open(files[0]).load()
+    top = RandomResizedCrop(16, scale=(0.02, 0.05))
+    for decoder in ("auto", "pillow"):
+        monkeypatch.setenv(DECODER_ENV, decoder)
+        ds = ImageFiles(files, [0, 1, 2], crop=top, output="uint8")
+        with pytest.raises(ImageFileError, match="truncated") as e:
+            ds.gather_batch([0] * 16, np.empty)   # 16 small boxes, some near the top
+        assert files[0] in str(e.value)
+    monkeypatch.delenv(DECODER_ENV)
+    ds = ImageFiles(files, [0, 1, 2], crop=top, output="uint8", on_error="skip")
+    kw = dict(batch_size=4, sampler=[0, 1, 0, 2] * 6, seed=3)
     with DataLoader(ds, num_workers=0, **kw) as dl:
         ref = batches(dl)
-        skipped = dl.stats.skipped
+        assert dl.stats.skipped == 12
     with DataLoader(ds, num_workers=2, **kw) as dl:
         assert_same(batches(dl), ref)
-        assert dl.stats.skipped == skipped
-    labels = np.concatenate([y for _, y in ref])
-    assert 0 < skipped < 48 and (labels == 0).sum() == 48 - skipped
+        assert dl.stats.skipped == 12
+    assert (np.concatenate([y for _, y in ref]) != 0).all()
 
 
 # --------------------------------------------------------------------------

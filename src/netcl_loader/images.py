@@ -213,6 +213,43 @@ else:  # pragma: no cover - Windows, old macOS
             return f.readinto(memoryview(view))
 
 
+_EOI = b"\xff\xd9"
+
+
+def _jpeg_ends_early(data):
+    """Whether the JPEG in ``data`` (a uint8 array) ends without an end-of-image
+    marker (FF D9) after its first scan: the file was cut short.
+
+    The compiled decoder reads only the rows of the crop, so it meets a cut
+    only when the crop reaches the missing rows; this test finds it for every
+    crop, as Pillow (which always reads the whole file) does.  Inside the
+    scans FF is always followed by 00 or a restart marker, so the first FF D9
+    after the first SOS is the file's end.  Costs two byte reads for a file
+    that ends with FF D9; the header's segments are walked only otherwise.
+    """
+    n = len(data)
+    if n >= 2 and data[n - 2] == 0xFF and data[n - 1] == 0xD9:
+        return False
+    pos = 2   # after SOI
+    while pos + 4 <= n:
+        if data[pos] != 0xFF:
+            return False   # not a marker where one must be: the decoder says what is wrong
+        marker = int(data[pos + 1])
+        if marker == 0xFF:        # fill byte
+            pos += 1
+        elif marker == 0xDA:      # SOS: the scans start after its header
+            break
+        elif marker == 0x01 or 0xD0 <= marker <= 0xD8:   # markers without a length
+            pos += 2
+        elif marker == 0xD9:
+            return False
+        else:
+            pos += 2 + ((int(data[pos + 2]) << 8) | int(data[pos + 3]))
+    else:
+        return False       # cut inside the header: the decoder's own error names it
+    return bytes(data[pos:]).find(_EOI) < 0
+
+
 def _pillow_rgb(data):
     """Decode ``data`` with Pillow into an (H, W, 3) uint8 RGB array (ImageFileError
     with the reason, which the caller prefixes with the file's name)."""
@@ -609,9 +646,9 @@ class _ImageDataset:
     def _remember_bad(self, i, exc):
         # A file is remembered as bad (not tried again in this process) only
         # when its failure does not depend on the crop: the compiled decoder
-        # decodes only the crop's rows, so damage below the box goes unseen,
-        # and remembering such a failure would make later batches depend on
-        # which batches this process happened to make before (num_workers).
+        # decodes only the crop's rows, so an error met in some rows is not
+        # met by boxes elsewhere, and remembering it would make later batches
+        # depend on which batches this process made before (num_workers).
         if not getattr(exc, "_netcl_crop_dependent", False):
             self._bad.add(i)
 
@@ -631,6 +668,9 @@ class _ImageDataset:
         if self._compiled:
             jpeg = _compiled_module()
             if jpeg.is_jpeg(data):
+                if _jpeg_ends_early(data):
+                    raise ImageFileError(f"{self._name(i)}: truncated JPEG data (the file ends "
+                                         f"without its end-of-image marker)")
                 dec = proc.jpeg_decoder()
                 try:
                     width, height = dec.info(data)
@@ -719,9 +759,9 @@ class ImageFiles(_ImageDataset):
         the epoch's shuffled order (a worker sees only its batch's indices),
         with the same random crop draws, counted in ``loader.stats.skipped``.
         Which file replaces it depends only on the files and the draws, so
-        every ``num_workers`` and a resumed epoch give the same.  A JPEG is
-        decoded over the crop's rows only: damage below the crop (a truncated
-        file) is found only by crops that reach it.
+        every ``num_workers`` and a resumed epoch give the same.  A JPEG cut
+        short is found whatever the crop (its end-of-image marker is
+        missing), though only the crop's rows are decoded.
 
     Notes
     -----
