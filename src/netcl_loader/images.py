@@ -53,6 +53,10 @@ CROP_TRIES = 10
 #: The read buffer each process starts with; it grows to the largest file
 #: read (one more read for a larger file, never a second buffer).
 READ_BUFFER_BYTES = 1 << 20
+#: Tar shards a process keeps open at once: datasets of thousands of shards
+#: (ImageNet as WebDataset: over a thousand) must not exhaust the worker's
+#: descriptors (1024 by default), which would fail every later read.
+MAX_OPEN_SHARDS = 64
 #: Bytes shown of a file that is not an image, in its error message.
 _SHOWN_BYTES = 8
 #: WebDataset's sample key: the member name up to the first dot of its base name.
@@ -146,12 +150,25 @@ class _Process:
         self.pid = os.getpid()
         self.decoder = None
         self.buf = np.empty(READ_BUFFER_BYTES, np.uint8)
-        self.shards = {}    # shard path -> read-only descriptor, closed at exit
+        self.shards = {}    # shard path -> read-only descriptor, least recently used first
 
     def jpeg_decoder(self):
         if self.decoder is None:
             self.decoder = _compiled_module().Decoder()
         return self.decoder
+
+    def shard_fd(self, shard):
+        """A read-only descriptor of ``shard``, kept open for the next reads; at most
+        ``MAX_OPEN_SHARDS`` are kept (the least recently used is closed)."""
+        fds = self.shards
+        fd = fds.pop(shard, None)
+        if fd is None:
+            if len(fds) >= MAX_OPEN_SHARDS:
+                os.close(fds.pop(next(iter(fds))))
+            fd = os.open(shard, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+                         | getattr(os, "O_BINARY", 0))
+        fds[shard] = fd   # now the most recently used
+        return fd
 
     def grow(self, nbytes):
         """The read buffer, at least ``nbytes`` long."""
@@ -1048,10 +1065,7 @@ class TarImages(_ImageDataset):
     def _read(self, i, proc):
         k = int(self._shard[i])
         shard = self.shards[k]
-        fd = proc.shards.get(shard)
-        if fd is None:
-            fd = proc.shards[shard] = os.open(
-                shard, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
+        fd = proc.shard_fd(shard)
         size = int(self._size[i])
         buf = proc.grow(size)
         n = _pread_into(fd, buf[:size], int(self._offset[i]))
