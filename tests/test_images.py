@@ -752,6 +752,30 @@ def test_a_truncated_jpeg_is_found_by_every_crop(tmp_path, monkeypatch, cut):
     assert (np.concatenate([y for _, y in ref]) != 0).all()
 
 
+def test_skip_does_not_pass_off_running_out_of_descriptors_as_bad_files(folder):
+    """EMFILE says the process is short of descriptors, not that the file is bad:
+    it is raised with on_error="skip" too, and the file is not remembered as bad."""
+    resource = pytest.importorskip("resource")
+    ds = ImageFolder(folder, crop=CenterCrop(16), flip=0, on_error="skip")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    held = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 256), hard))
+    try:
+        while True:
+            try:
+                held.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError:
+                break
+        with pytest.raises(OSError, match="Too many open files"):
+            ds[0]
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert not ds._bad
+    assert ds[0][0].shape == (3, 16, 16)
+
+
 # --------------------------------------------------------------------------
 # Memory in forked workers
 

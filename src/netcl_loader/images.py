@@ -21,6 +21,7 @@ fallback path) even where the compiled decoder is built.
 """
 from __future__ import annotations
 
+import errno
 import io
 import math
 import numbers
@@ -447,6 +448,16 @@ class CenterCrop:
 _DEFAULT_CROP = RandomResizedCrop(224)
 
 
+#: errno values that say the process or the system is short of something, not
+#: that the file is bad: on_error="skip" must not pass them off as bad files.
+_SYSTEM_ERRNOS = frozenset(getattr(errno, name) for name in (
+    "EMFILE", "ENFILE", "ENOMEM", "ENOBUFS", "EINTR", "EAGAIN") if hasattr(errno, name))
+
+
+def _not_the_files_fault(exc):
+    return isinstance(exc, OSError) and exc.errno in _SYSTEM_ERRNOS
+
+
 def _checked_options(crop, flip, mean, std, output, on_error, what):
     if not isinstance(crop, (RandomResizedCrop, CenterCrop)):
         raise ValueError(f"{what}: crop must be a RandomResizedCrop or a CenterCrop, "
@@ -638,7 +649,7 @@ class _ImageDataset:
                 self._decode(i, u, out)
                 return i
             except (OSError, ImageFileError) as exc:
-                if self.on_error == "raise":
+                if self.on_error == "raise" or _not_the_files_fault(exc):
                     raise
                 self._remember_bad(i, exc)
         # on_error="skip": the next readable file in dataset order (i + 1, i + 2,
@@ -652,6 +663,8 @@ class _ImageDataset:
             try:
                 self._decode(k, u, out)
             except (OSError, ImageFileError) as exc:
+                if _not_the_files_fault(exc):
+                    raise
                 self._remember_bad(k, exc)
                 continue
             _worker.count_skipped()
