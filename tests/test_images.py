@@ -723,6 +723,41 @@ def test_folders_fifos_and_devices_named_like_images_fail_without_hanging(tmp_pa
         signal.alarm(0)
 
 
+def _claim_size(data, width, height):
+    """The JPEG ``data`` with its frame header (SOF0/SOF2) claiming ``width`` x ``height``."""
+    data = bytearray(data)
+    at = 2
+    while at < len(data):
+        marker, length = data[at + 1], int.from_bytes(data[at + 2:at + 4], "big")
+        if marker in (0xC0, 0xC1, 0xC2):
+            data[at + 5:at + 7] = height.to_bytes(2, "big")
+            data[at + 7:at + 9] = width.to_bytes(2, "big")
+            return bytes(data)
+        at += 2 + length
+    raise AssertionError("no frame header")
+
+
+def test_a_header_claiming_a_huge_image_is_refused_as_pillow_refuses_it(tmp_path,
+                                                                        monkeypatch):
+    """A few KB claiming 65000x65000 pixels: refused before decoding (as Pillow refuses a
+    decompression bomb), naming the file, on both decoders; skipped with on_error="skip"."""
+    good = make_jpegs(tmp_path / "ok", 1, size=(64, 48), seed=4)[0]
+    bomb = str(tmp_path / "bomb.jpg")
+    with open(bomb, "wb") as f:
+        f.write(_claim_size(open(good, "rb").read(), 65000, 65000))
+    for decoder in ("auto", "pillow"):
+        monkeypatch.setenv(DECODER_ENV, decoder)
+        ds = ImageFiles([bomb, good], [0, 1], crop=CenterCrop(16), flip=0)
+        with pytest.raises(ImageFileError, match="too large") as e:
+            ds[0]
+        assert bomb in str(e.value)
+    monkeypatch.delenv(DECODER_ENV)
+    ds = ImageFiles([bomb, good], [0, 1], crop=CenterCrop(16), flip=0, on_error="skip")
+    with DataLoader(ds, batch_size=2, shuffle=False, num_workers=0) as dl:
+        (x, y), = batches(dl)
+        assert y.tolist() == [1, 1] and dl.stats.skipped == 1
+
+
 @pytest.mark.parametrize("cut", [2, 40, "half"])
 def test_a_truncated_jpeg_is_found_by_every_crop(tmp_path, monkeypatch, cut):
     """The compiled decoder reads only the crop's rows, yet a JPEG cut short is an

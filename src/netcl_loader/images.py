@@ -58,6 +58,10 @@ READ_BUFFER_BYTES = 1 << 20
 #: (ImageNet as WebDataset: over a thousand) must not exhaust the worker's
 #: descriptors (1024 by default), which would fail every later read.
 MAX_OPEN_SHARDS = 64
+#: Pixels above which a JPEG is refused before decoding: twice Pillow's default
+#: ``Image.MAX_IMAGE_PIXELS`` (89,478,485), where Pillow raises
+#: ``DecompressionBombError``; a header can claim 65500x65500 over a few bytes.
+MAX_PIXELS = 2 * 89_478_485
 #: Bytes shown of a file that is not an image, in its error message.
 _SHOWN_BYTES = 8
 #: WebDataset's sample key: the member name up to the first dot of its base name.
@@ -704,9 +708,14 @@ class _ImageDataset:
                 dec = proc.jpeg_decoder()
                 try:
                     width, height = dec.info(data)
-                    box = self.crop.box(height, width, u)
                 except jpeg.ImageError as exc:
                     raise ImageFileError(f"{self._name(i)}: {exc}") from None
+                if width * height > MAX_PIXELS:
+                    raise ImageFileError(
+                        f"{self._name(i)}: too large: {width}x{height} = {width * height} "
+                        f"pixels, more than {MAX_PIXELS} (the limit where Pillow, and so "
+                        f"torchvision, refuses a file as a decompression bomb)")
+                box = self.crop.box(height, width, u)
                 try:
                     dec.decode_into(data, box, out, flip, mean, std)
                 except jpeg.ImageError as exc:
