@@ -11,6 +11,7 @@ datasets.
 import collections
 import importlib
 import inspect
+import io
 import json
 import os
 import subprocess
@@ -1458,3 +1459,103 @@ def test_torch_face_a_second_iteration_alongside_the_first_is_refused_not_cut_sh
         break
     assert [b[0].tolist() for b in loader] == want
     loader.close()
+
+
+class _WithLeaf(tud.Dataset):
+    """Sample i: (i, leaf(i)), for leaves default_collate refuses or keeps."""
+
+    def __init__(self, leaf):
+        self.leaf = leaf
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return i, self.leaf(i)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_torch_face_refuses_leaves_default_collate_refuses_with_its_type_error(num_workers):
+    """None or any object that is not a tensor, array, number, string or container
+    (a forgotten ToTensor leaves PIL images): PyTorch's default_collate raises
+    TypeError with these words, so does this loader (naming the field and indices)
+    instead of handing back lists of them.  Strings and bytes stay lists; the
+    NumPy face keeps collating any leaf into a list."""
+    words = ("default_collate: batch must contain tensors, numpy arrays, numbers, dicts or "
+             "lists; found <class 'NoneType'>")
+    for make in (tud.DataLoader, TorchLoader):
+        loader = make(_WithLeaf(lambda i: None), batch_size=3, num_workers=num_workers)
+        with pytest.raises(TypeError, match=words):
+            list(loader)
+    with pytest.raises(TypeError, match="found <class 'object'> at field \\[1\\]"):
+        list(TorchLoader(_WithLeaf(lambda i: object()), batch_size=3, num_workers=num_workers))
+    for leaf in (lambda i: "s" * i, lambda i: b"b" * i):
+        want = list(tud.DataLoader(_WithLeaf(leaf), batch_size=3))
+        got = list(TorchLoader(_WithLeaf(leaf), batch_size=3, num_workers=num_workers))
+        assert_same(got, want)
+    kept = list(NetclLoader(_WithLeaf(lambda i: None), batch_size=3, shuffle=False,
+                            num_workers=num_workers, persistent_workers=False))
+    assert [b[1] for b in kept] == [[None] * 3] * 2
+
+
+def _random_order_sampler(kind, ds):
+    """A sampler of PyTorch's that draws a new order from ``generator`` at every iteration."""
+    g = torch.Generator().manual_seed(7)
+    if kind == "random":
+        return {"sampler": tud.RandomSampler(ds, generator=g), "batch_size": 3}
+    if kind == "weighted":
+        return {"sampler": tud.WeightedRandomSampler([1.0] * len(ds), len(ds), generator=g),
+                "batch_size": 3}
+    return {"batch_sampler": tud.BatchSampler(tud.RandomSampler(ds, generator=g), 3, False)}
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("kind", ["random", "weighted", "batch_sampler"])
+def test_torch_face_resumes_a_generator_driven_sampler_in_its_own_order(kind, num_workers):
+    """A user's RandomSampler draws each epoch's order from its generator's state:
+    replaying it from a fresh generator gave another order, so a mid-epoch resume
+    silently repeated and missed samples.  The state carries the generator's state
+    the epoch was drawn from (JSON and torch.save/torch.load safe): a new loader
+    resumed from it yields exactly what the first would have, this epoch and next."""
+    ds = tud.TensorDataset(torch.arange(20))
+    loader = TorchLoader(ds, num_workers=num_workers, timeout=BATCH_TIMEOUT_SECONDS,
+                         **_random_order_sampler(kind, ds))
+    uninterrupted = [[b[0].tolist() for b in loader] for _ in range(3)]
+    want = [b[0].tolist() for b in tud.DataLoader(ds, **_random_order_sampler(kind, ds))]
+    assert uninterrupted[0] == want  # the sampler's order, as PyTorch's loader iterates it
+    loader = TorchLoader(ds, num_workers=num_workers, timeout=BATCH_TIMEOUT_SECONDS,
+                         **_random_order_sampler(kind, ds))
+    list(loader)
+    it = iter(loader)
+    next(it), next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    state = torch.load(buf)  # weights_only: plain values only
+    del it
+    loader.close()
+    resumed = TorchLoader(ds, num_workers=num_workers, timeout=BATCH_TIMEOUT_SECONDS,
+                          **_random_order_sampler(kind, ds))
+    resumed.load_state_dict(state)
+    got = [[b[0].tolist() for b in resumed] for _ in range(2)]
+    assert got == [uninterrupted[1][2:], uninterrupted[2]]
+    resumed.close()
+
+
+def test_torch_face_resuming_a_global_rng_sampler_mid_epoch_warns():
+    """RandomSampler without a generator draws from torch's global RNG, which the
+    loader does not own: a mid-epoch resume cannot replay its order and says so."""
+    ds = tud.TensorDataset(torch.arange(20))
+    loader = TorchLoader(ds, sampler=tud.RandomSampler(ds), batch_size=3)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    resumed = TorchLoader(ds, sampler=tud.RandomSampler(ds), batch_size=3)
+    with pytest.warns(UserWarning, match="draws a new order at every iteration"):
+        resumed.load_state_dict(state)
+    assert sum(len(b[0]) for b in resumed) == 20 - 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # at an epoch's start there is nothing to replay
+        TorchLoader(ds, sampler=tud.RandomSampler(ds), batch_size=3).load_state_dict(
+            TorchLoader(ds, sampler=tud.RandomSampler(ds), batch_size=3).state_dict())

@@ -2336,6 +2336,13 @@ class TestDataLoaderPersistentWorkers(TestDataLoader):
         super().setUp()
         self.persistent_workers = True
 
+    @unittest.skipIf(not HAS_DILL, "no dill")
+    def test_multiprocessing_iterdatapipe_with_dill(self):
+        # PyTorch's case fails where a start method pickles the pipe's lambda
+        # (spawn, forkserver); none of this class's start methods does, so the
+        # pipe with a lambda must load.
+        self._test_multiprocessing_iterdatapipe(with_dill=True)
+
     def test_dataset_not_reset(self):
         dataset = DummyDataset()
         pin_memory_configs = [False]

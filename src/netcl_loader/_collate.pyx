@@ -618,7 +618,9 @@ def collate(list samples, indices=None, alloc=None, torch_rules=False):
         Collate as torch's ``default_collate`` (the PyTorch face): any
         ``Mapping`` and any ``Sequence`` (a ``range``, a ``UserList``) is a
         container whose fields are collated, not a leaf, and arrays of
-        strings or objects are refused (TypeError), as torch refuses them.
+        strings or objects are refused (TypeError), as torch refuses them, and
+        so is any leaf other than a string or bytes that is not an array,
+        tensor or number (None, an image object).
 
     Returns
     -------
@@ -672,6 +674,14 @@ def collate(list samples, indices=None, alloc=None, torch_rules=False):
                         f"{_show_indices(idx)}"))
                 outs.append(_stack_arrays(vals, idx, (<_Node>node).path, alloc))
             elif k == K_OTHER:
+                if rules and not isinstance(vals[0], (str, bytes)):
+                    # torch's default_collate collates strings into a list and
+                    # refuses any other leaf (None, a PIL image, an object).
+                    raise _named(TypeError(
+                        f"default_collate: batch must contain tensors, numpy arrays, numbers, "
+                        f"dicts or lists; found {type(vals[0])} at field "
+                        f"{_show_path((<_Node>node).path)} of the samples at dataset indices "
+                        f"{_show_indices(idx)} (give a collate_fn for such leaves)"))
                 outs.append(vals)
             elif k == K_TENSOR:
                 outs.append(_stack_tensors(vals, idx, (<_Node>node).path, alloc))

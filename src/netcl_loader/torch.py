@@ -14,6 +14,7 @@ imports torch.
 """
 from __future__ import annotations
 
+import base64
 import functools
 import multiprocessing
 import multiprocessing.context
@@ -23,7 +24,8 @@ import warnings
 from typing import TypeVar
 
 import torch
-from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+from torch.utils.data import (BatchSampler, RandomSampler, SequentialSampler,
+                              SubsetRandomSampler, WeightedRandomSampler)
 from torch.utils.data import DataLoader as _TorchDataLoader
 from torch.utils.data._utils.collate import default_collate, default_convert
 from torch.utils.data.dataloader import (_DatasetKind, _get_distributed_settings,
@@ -184,6 +186,10 @@ class _RankOrder(EngineOrderSampler, SequentialSampler):
         self._rank, self._world_size = engine.rank, engine.world_size
         self._drop_last = engine.drop_last
         self._link(engine)
+
+
+#: PyTorch's samplers that draw a new order at every iteration.
+_RANDOM_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
 
 
 def _is_int(value):
@@ -463,6 +469,12 @@ rank, world_size
         # One iteration runs at a time: a new one ends an unfinished one.  PyTorch
         # runs both, so code written for it may go on with the first; it is told
         # so (RuntimeError) rather than seeing that epoch stop short.
+        found = self._order_generator()
+        if found is not None and found[1] is not None:
+            # The state the sampler draws this epoch's order from (state_dict saves it).
+            object.__setattr__(self, "_order_drawn",
+                               (found[1], eng._resume[0] if eng._resume is not None
+                                else eng._next_epoch, found[1].get_state()))
         old = eng._active() if eng._active is not None else None
         if old is not None and old.finished:
             old = None
@@ -494,12 +506,75 @@ rank, world_size
 
     # -- the engine's API ---------------------------------------------------------
     def state_dict(self):
-        """The loader's position (see :meth:`netcl_loader.DataLoader.state_dict`)."""
-        return self._eng().state_dict()
+        """The loader's position (see :meth:`netcl_loader.DataLoader.state_dict`).
+
+        With a sampler of yours that draws its order from a ``torch.Generator``
+        (``RandomSampler(generator=g)``, ``WeightedRandomSampler``,
+        ``SubsetRandomSampler``), the generator's state from which the epoch
+        was drawn is part of it (``"sampler_generator_state"``, base64), so
+        that :meth:`load_state_dict` replays the same order.
+        """
+        eng = self._eng()
+        state = eng.state_dict()
+        found = self._order_generator()
+        if found is not None and found[1] is not None:
+            gen = found[1]
+            drawn = self.__dict__.get("_order_drawn")
+            mid_epoch = state["batches_done"] > 0 or bool(state["extra_done"])
+            if (mid_epoch and eng._resume is None and drawn is not None
+                    and drawn[0] is gen and drawn[1] == state["epoch"]):
+                raw = drawn[2]  # the epoch was drawn from this state
+            else:
+                raw = gen.get_state()  # the next epoch draws from the state it has now
+            state["sampler_generator_state"] = base64.b64encode(raw.numpy().tobytes()).decode()
+        return state
 
     def load_state_dict(self, state):
-        """Continue from ``state`` (see :meth:`netcl_loader.DataLoader.load_state_dict`)."""
+        """Continue from ``state`` (see :meth:`netcl_loader.DataLoader.load_state_dict`).
+
+        A sampler of yours that draws from a ``torch.Generator`` gets the
+        generator state saved with ``state``, so the interrupted epoch goes on
+        in the order it had.  One that draws from torch's global RNG
+        (``RandomSampler()`` without ``generator``) cannot be replayed: resuming
+        mid-epoch then warns that the rest of the epoch comes from a new order.
+        """
+        state = dict(state)
+        saved = state.pop("sampler_generator_state", None)
         self._eng().load_state_dict(state)
+        found = self._order_generator()
+        if found is None:
+            return
+        sampler, gen = found
+        if gen is not None and saved is not None:
+            raw = torch.frombuffer(bytearray(base64.b64decode(saved)), dtype=torch.uint8)
+            gen.set_state(raw)
+        elif state.get("batches_done") or state.get("extra_done"):
+            why = ("from torch's global RNG" if gen is None
+                   else "and the state holds no state of its generator")
+            warnings.warn(
+                f"load_state_dict: the sampler {sampler!r} draws a new order at every "
+                f"iteration ({why}), so the rest of the interrupted epoch comes from a "
+                f"different order: samples "
+                f"of that epoch may repeat or be missed. Give the sampler a "
+                f"generator=torch.Generator() (its state is saved with the loader's), or use "
+                f"shuffle=True (an order drawn from (seed, epoch)) or a DistributedSampler",
+                UserWarning, stacklevel=2)
+
+    def _order_generator(self):
+        """``(sampler, generator)`` for a user's sampler that draws its order at random
+        (``generator`` None: from torch's global RNG); None when the order is replayable."""
+        if self._built_in or self._dataset_kind == _DatasetKind.Iterable:
+            return None  # the built-in order: (seed, epoch)
+        candidates = (self.batch_sampler, getattr(self.batch_sampler, "sampler", None),
+                      self.sampler)
+        for s in candidates:
+            gen = getattr(s, "generator", None)
+            if isinstance(gen, torch.Generator):
+                return s, gen
+        for s in candidates:
+            if isinstance(s, _RANDOM_SAMPLERS) and not isinstance(s, EngineOrderSampler):
+                return s, None
+        return None
 
     def set_epoch(self, epoch):
         """Set the epoch of the next iteration (see :meth:`netcl_loader.DataLoader.set_epoch`)."""
@@ -562,6 +637,7 @@ rank, world_size
         state = self.__dict__.copy()
         state["_engine"] = None
         state["_stale"] = False
+        state.pop("_order_drawn", None)  # this process's generator, not the copy's
         if eng is not None:
             state["_position"] = tuple(getattr(eng, k) for k in _POSITION)
         return state
