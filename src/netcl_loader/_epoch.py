@@ -162,9 +162,9 @@ class EpochIterator:
             self.progress.prefix += 1
         else:
             self.progress.mark(seq)
-        if self._tasks_left and self.slots.free:
-            self._fill()
         pending = self.pending
+        if self._tasks_left and self.slots.free and len(pending) < self.loader.prefetch:
+            self._fill()
         if pending and self.loader.in_order:
             # Tasks queued quietly wait for a worker's wake; when the next batch
             # is not ready yet, the workers must be at work now, not when the
@@ -184,26 +184,42 @@ class EpochIterator:
         """The next batch as ``(batch, seq, worker id, samples, stage times, decode
         seconds)``, or the exception a worker's user code raised for it."""
         loader, stats, slots = self.loader, self.stats, self.slots
+        in_order = loader.in_order
         while True:
             if slots.leases:
-                self._reclaim(next_call=True)
-            if self._tasks_left and slots.free:
+                slots.reclaim(True)  # zero_copy views expire; dropped lent batches
+                if not slots.free and slots.leases:
+                    self._reclaim(next_call=True)  # the device is behind: wait for it
+            pending = self.pending
+            if self._tasks_left and slots.free and len(pending) < loader.prefetch:
                 self._fill()
-            while not self.pending:
+            while not pending:
                 if not self._tasks_left:
                     self._finish()
                     raise StopIteration
                 self._wait_for_slot()  # every slot is leased or still stale
                 self._fill()
-            seq, slot, wid, n = self._wait()
+            taken = None
+            if in_order:
+                # Tasks are dispatched in batch order: the oldest pending is the
+                # next.  Already published (the common case): read it at once.
+                seq = next(iter(pending))
+                slot, wid, n = pending[seq]
+                if slot is not None:
+                    taken = slots.take(slot)
+                    if taken[0] != READY and taken[0] != PIPED and taken[0] != GROW:
+                        taken = None
+                        seq, slot, wid, n = self._wait()
+            else:
+                seq, slot, wid, n = self._wait()
             if slot is None:  # its slot could not be had: the batch's error instead
-                del self.pending[seq]
+                del pending[seq]
                 if not self.iterable:
                     self.progress.mark(seq)
                 return self._failed.pop(seq)
             # One compiled call: its state, record, the worker's stage times and
             # the samples its dataset replaced (bad files), before the slot is freed.
-            state, meta_off, meta_len, times, skipped = slots.take(slot)
+            state, meta_off, meta_len, times, skipped = taken or slots.take(slot)
             if state == GROW:
                 # The worker waits, its batch half made, for a bigger slot: grown
                 # here (the memory checked first), or the batch's error.
@@ -309,9 +325,14 @@ class EpochIterator:
 
     def _fill(self):
         pool, free = self.pool, self.slots.free
+        W, tasks = self.loader.num_workers, self._tasks
         while self._tasks_left and len(self.pending) < self.loader.prefetch and free:
             try:
-                seq, indices, wid = self._next_task()
+                if tasks is not None:  # map-style: the epoch's batches dealt round-robin
+                    seq, indices = next(tasks)
+                    wid = seq % W
+                else:
+                    seq, indices, wid = self._next_task()
             except StopIteration:
                 self._tasks_left = False
                 break
@@ -451,7 +472,7 @@ class EpochIterator:
             slots.release(slot)
         else:
             slots.lease(slot, lease, base if lease == LEASE_REFS else None)
-        return delivery.finish(batch)
+        return delivery.finish(batch) if delivery.pin_memory else batch
 
     def _upload(self, batch, slot=None):
         """``batch`` on the bound queue's device; its slot (if any) is leased until the

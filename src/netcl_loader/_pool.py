@@ -259,9 +259,10 @@ class Pool:
     def kick_all(self):
         """Wake every worker that sleeps with tasks queued (before the main process blocks)."""
         header = self.header
+        quiet = self.quiet
         for wid in range(len(self.procs)):
             header.kick(wid)
-        self.quiet = [0] * len(self.procs)
+            quiet[wid] = 0  # (in place: the compiled dispatch counts in this list)
 
     def dispatch(self, seq, epoch, indices, wid):
         """Hand task ``seq`` (its ``indices``) of the current iteration and a free slot
@@ -274,6 +275,9 @@ class Pool:
         be had (the slot stays free).
         """
         slots = self.slots
+        slot = slots.dispatch(seq, wid, epoch, indices, self.quiet, self.share)
+        if slot >= 0:
+            return slot  # the common case, in one compiled call
         slot, grow_to = slots.pick()
         if grow_to and self.use_shared_mem:
             self.grow(slot, grow_to)

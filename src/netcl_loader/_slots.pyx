@@ -12,8 +12,11 @@ touches the ring's header: the epoch iterator keeps the order and the
 delivery policy and asks this class for everything about slots.
 """
 from cpython.ref cimport PyObject
+from libc.stdint cimport int64_t
 
-from ._ring import CANCELLED, GROW, PIPED, READY
+from ._protocol import ENTRY_TASK
+from ._ring cimport RingHeader
+from ._ring import CANCELLED, FREE, GROW, PIPED, READY
 
 cdef extern from "Python.h":
     Py_ssize_t Py_REFCNT(PyObject *o)
@@ -47,7 +50,7 @@ cdef class Slots:
 
     # Compiled: these run several times per batch in the main process.
     cdef readonly object ring, header
-    cdef readonly list segments, free, tasks
+    cdef readonly list segments, capacities, free, tasks
     cdef readonly dict leases
     cdef readonly Py_ssize_t lent
     cdef public unsigned int token
@@ -57,6 +60,7 @@ cdef class Slots:
         self.ring = ring
         self.header = ring.header
         self.segments = ring.segments  # slot -> its region (the ring's own list, kept current)
+        self.capacities = ring.capacities  # slot -> its bytes (likewise)
         n = ring.num_slots
         self.free = list(range(n - 1, -1, -1))   # the last is the next handed out
         self.tasks = [None] * n                  # slot -> (token, seq, worker id) or None
@@ -85,11 +89,11 @@ cdef class Slots:
         none is free."""
         free = self.free
         slot = free[-1]
-        capacity = self.ring.capacity
-        if capacity(slot) >= self.need:
+        capacity = self.capacities
+        if capacity[slot] >= self.need:
             return slot, 0
         for k in range(len(free) - 2, -1, -1):
-            if capacity(free[k]) >= self.need:
+            if capacity[free[k]] >= self.need:
                 free[k], free[-1] = free[-1], free[k]
                 return free[-1], 0
         return slot, self.need
@@ -105,8 +109,53 @@ cdef class Slots:
         self.tasks[slot] = (self.token, seq, wid)
         return self.header.assign(slot, self.token, seq, wid + 1, epoch, indices)
 
+    def dispatch(self, seq, Py_ssize_t wid, epoch, indices, list quiet, Py_ssize_t share):
+        """The common case of handing out a task, in one compiled call.
+
+        The next free slot (when it already holds :attr:`need` bytes) gets task
+        ``seq`` of the current iteration with its int64 ``indices`` in the
+        slot's index area (as :meth:`assign`), and its entry is queued quietly
+        for worker ``wid``; the worker is woken once ``quiet[wid]`` (tasks
+        queued quietly since its last wake) reaches ``share``.  Returns the
+        slot, or -1 with nothing changed where the general path must run (no
+        free slot, the slot must grow, the indices are not a C-contiguous int64
+        array or do not fit the index area).
+        """
+        cdef RingHeader header = <RingHeader>self.header
+        cdef const int64_t[::1] idx
+        cdef Py_ssize_t slot, n
+        free = self.free
+        if not free:
+            return -1
+        slot = free[-1]
+        if self.capacities[slot] < self.need:
+            return -1
+        try:
+            idx = indices
+        except (TypeError, ValueError, BufferError):
+            return -1
+        n = idx.shape[0]
+        if n * 8 + 8 > header.index_bytes:
+            return -1
+        free.pop()
+        self.tasks[slot] = (self.token, seq, wid)
+        header.assign(slot, self.token, seq, wid + 1, epoch, indices)
+        if not header.push(wid, ENTRY_TASK | slot, False):
+            # A full queue cannot happen with its capacity; the general path
+            # waits for room, as it always has.
+            self.free.append(slot)
+            self.tasks[slot] = None
+            header.publish(slot, FREE)
+            return -1
+        k = quiet[wid] + 1
+        if k >= share:
+            header.kick(wid)
+            k = 0
+        quiet[wid] = k
+        return slot
+
     def capacity(self, slot):
-        return self.ring.capacity(slot)
+        return self.capacities[slot]
 
     def segment(self, slot):
         return self.segments[slot]
@@ -204,7 +253,7 @@ cdef class Slots:
     def release(self, slot):
         """``slot`` is FREE again: the one funnel every slot goes back through."""
         self.tasks[slot] = None
-        self.ring.free(slot)
+        (<RingHeader>self.header).publish(slot, FREE)  # the ring's free(slot), without its frame
         self.free.append(slot)
 
     def drop(self, slot):

@@ -173,6 +173,12 @@ class SharedBatchRingBuffer:
         (growing a slot or closing the ring changes it in place)."""
         return self._segments
 
+    @property
+    def capacities(self):
+        """Slot -> the bytes its region holds in this process: the ring's own list,
+        kept current as :attr:`segments` is."""
+        return self._caps
+
     def state(self, slot):
         """The state of ``slot``: one of FREE, ASSIGNED, READY, PIPED, CANCELLED."""
         return self._header.state(slot)
