@@ -243,3 +243,30 @@ def test_lent_batches_outlive_a_dead_worker_and_their_leases_still_end():
         pool.slots.reclaim(next_call=True)
         assert pool.slots.leases == {}
         assert [b[0, 0] for b in dl][:3] == [0, 4, 8]  # a fresh pool
+
+
+def test_dispatch_hands_out_a_task_in_one_call_or_leaves_it_all_to_the_general_path():
+    ring = _ring(3)
+    slots = Slots(ring)
+    slots.begin(7)
+    quiet = [0]
+    # The common case: a free slot, its task and indices, the entry queued quietly.
+    slot = slots.dispatch(5, 0, 2, np.arange(4, dtype=np.int64), quiet, 2)
+    assert slot >= 0 and slot not in slots.free
+    assert slots.state(slot) == ASSIGNED and slots.tasks[slot] == (7, 5, 0)
+    assert quiet == [1]
+    entry, token, seq, epoch, indices = ring.header.next_task(0, 0)
+    assert (entry, token, seq, epoch) == (slot, 7, 5, 2)
+    assert indices.tolist() == [0, 1, 2, 3]
+    # The worker's share of tasks is queued: it is woken and the count starts again.
+    assert slots.dispatch(6, 0, 2, np.arange(2, dtype=np.int64), quiet, 2) >= 0
+    assert quiet == [0]
+    # What the compiled path does not do is left to the general one, nothing changed.
+    free, tasks = list(slots.free), list(slots.tasks)
+    for indices in ([1, 2], np.arange(4, dtype=np.int32), np.arange(8, dtype=np.int64)[::2],
+                    np.arange(9, dtype=np.int64)):  # (the index area holds 8)
+        assert slots.dispatch(7, 0, 2, indices, quiet, 2) == -1
+    slots.need = ring.capacity(free[-1]) + 1  # the slot must grow first
+    assert slots.dispatch(7, 0, 2, np.arange(2, dtype=np.int64), quiet, 2) == -1
+    assert slots.free == free and slots.tasks == tasks and quiet == [0]
+    assert all(slots.state(s) == FREE for s in free)
