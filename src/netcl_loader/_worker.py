@@ -554,13 +554,18 @@ class _Tasks:
     now, in order), regions mapped at once.
     """
 
-    __slots__ = ("worker_id", "header", "conn", "ring", "deferred", "unmapped")
+    __slots__ = ("worker_id", "header", "conn", "ring", "segments", "capacities", "deferred",
+                 "unmapped")
 
     def __init__(self, worker_id, header, conn, ring):
         self.worker_id = worker_id
         self.header = header
         self.conn = conn
         self.ring = ring
+        # Slot -> its region and its bytes here: the ring's own lists, kept
+        # current as regions are mapped (read per batch without a call).
+        self.segments = ring.segments
+        self.capacities = ring.capacities
         self.deferred = collections.deque()
         self.unmapped = {}  # slot -> SharedMemoryError: its grown region could not be mapped here
 
@@ -665,14 +670,12 @@ class _SlotSpace:
     def __init__(self, tasks, slot):
         self.tasks = tasks
         self.slot = slot
-        ring = tasks.ring
-        self.writer = SlotWriter(ring.segment(slot), ring.capacity(slot), strict=True)
+        self.writer = SlotWriter(tasks.segments[slot], tasks.capacities[slot], strict=True)
 
     def _grow(self, needed):
         tasks, slot = self.tasks, self.slot
         tasks.wait_grown(slot, needed)
-        ring = tasks.ring
-        self.writer = SlotWriter(ring.segment(slot), ring.capacity(slot), strict=True)
+        self.writer = SlotWriter(tasks.segments[slot], tasks.capacities[slot], strict=True)
 
     def alloc(self, shape, dtype):
         while True:
