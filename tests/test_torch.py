@@ -1559,3 +1559,20 @@ def test_torch_face_resuming_a_global_rng_sampler_mid_epoch_warns():
         warnings.simplefilter("error")  # at an epoch's start there is nothing to replay
         TorchLoader(ds, sampler=tud.RandomSampler(ds), batch_size=3).load_state_dict(
             TorchLoader(ds, sampler=tud.RandomSampler(ds), batch_size=3).state_dict())
+
+
+def test_torch_face_rank_world_size_with_a_matching_distributed_sampler_shard_once():
+    """Lightning re-creates a loader built with rank/world_size around its own
+    DistributedSampler for that rank: the sampler shards, the engine does not shard
+    again (the same batches as PyTorch's loader over that sampler, also after a
+    rebuild); a sampler for another rank is refused, naming both."""
+    ds = tud.TensorDataset(torch.arange(12))
+    sampler = tud.DistributedSampler(ds, num_replicas=2, rank=1, shuffle=True, seed=4)
+    want = [b[0].tolist() for b in tud.DataLoader(ds, batch_size=2, sampler=sampler)]
+    loader = TorchLoader(ds, batch_size=2, sampler=sampler, rank=1, world_size=2, seed=1,
+                         num_workers=2, timeout=BATCH_TIMEOUT_SECONDS)
+    assert [b[0].tolist() for b in loader] == want
+    loader.num_workers = 0  # the engine is rebuilt from the attributes
+    assert [b[0].tolist() for b in loader] == want
+    with pytest.raises(ValueError, match="DistributedSampler for rank 1 of 2 but rank=0"):
+        TorchLoader(ds, batch_size=2, sampler=sampler, rank=0, world_size=2, seed=1)

@@ -266,6 +266,57 @@ def test_lightning_ddp_each_rank_sees_what_pytorchs_loader_gives_it(strategy):
         assert sorted(per_rank[0][epoch] + per_rank[1][epoch]) == list(range(N))
 
 
+SHARDED_BY_HAND = LIGHTNING_COMMON + """
+class Both(Model):
+    def train_dataloader(self):
+        # Ours sharded by hand (rank/world_size, as for a loader kept out of
+        # Accelerate); Lightning still injects its DistributedSampler.
+        return {"torch": TorchDL(Indexed(), batch_size=4, shuffle=True, num_workers=2),
+                "ours": OurDL(Indexed(), batch_size=4, shuffle=True, num_workers=2, seed=5,
+                              rank=self.global_rank, world_size=self.trainer.world_size)}
+
+    def on_train_end(self):
+        try:
+            with open(f"fit{self.fit_no}-rank{self.global_rank}.json", "w") as f:
+                json.dump({"seen": self.seen["train"],
+                           "ours": describe(self.trainer.train_dataloader["ours"])}, f)
+        finally:
+            self.trainer.strategy.barrier()
+
+
+if __name__ == "__main__":
+    for fit_no in range(2):  # two fits in a row, each with its own trainer
+        model = Both()
+        model.fit_no = fit_no
+        t = trainer(devices=2, strategy="ddp", max_epochs=2, enable_checkpointing=False)
+        t.fit(model)
+    if t.global_rank == 0:
+        print("RESULT=" + json.dumps([[json.load(open(f"fit{k}-rank{r}.json")) for r in range(2)]
+                                      for k in range(2)]))
+"""
+
+
+def test_lightning_ddp_with_a_loader_sharded_by_hand_and_two_fits_in_a_row():
+    """A loader given rank/world_size under Lightning's DDP: Lightning re-creates it with
+    its DistributedSampler for the same rank and world size, and the engine leaves the
+    sharding to that sampler (it refused the pair before: 'pass neither rank nor
+    world_size').  Each rank sees what PyTorch's loader gives it, in both of two fits."""
+    _need("lightning")
+    fits, _ = run_program(SHARDED_BY_HAND)
+    for k, ranks in enumerate(fits):
+        per_rank = []
+        for r, rec in enumerate(ranks):
+            assert rec["ours"]["class"] == "netcl_loader.torch.DataLoader"
+            assert rec["ours"]["sampler"] == "DistributedSampler"
+            assert rec["ours"]["engine_batches"] == 2 * (N // 2) // 4
+            want = _epochs(rec["seen"], 2, "torch")
+            got = _epochs(rec["seen"], 2, "ours")
+            assert got == want, (k, r, got, want)
+            per_rank.append(got)
+        for epoch in range(2):
+            assert sorted(per_rank[0][epoch] + per_rank[1][epoch]) == list(range(N))
+
+
 RESUME = LIGHTNING_COMMON + """
 from lightning.pytorch.callbacks import ModelCheckpoint
 

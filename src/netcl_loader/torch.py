@@ -24,8 +24,8 @@ import warnings
 from typing import TypeVar
 
 import torch
-from torch.utils.data import (BatchSampler, RandomSampler, SequentialSampler,
-                              SubsetRandomSampler, WeightedRandomSampler)
+from torch.utils.data import (BatchSampler, DistributedSampler, RandomSampler,
+                              SequentialSampler, SubsetRandomSampler, WeightedRandomSampler)
 from torch.utils.data import DataLoader as _TorchDataLoader
 from torch.utils.data._utils.collate import default_collate, default_convert
 from torch.utils.data.dataloader import (_DatasetKind, _get_distributed_settings,
@@ -314,7 +314,8 @@ rank, world_size
             use_shared_mem=use_shared_mem, sampler=sampler, batch_sampler=batch_sampler,
             collate_fn=_engine_collate(collate_fn, batched), zero_copy=zero_copy,
             in_order=in_order, timeout=timeout, worker_init_fn=_datapipe_worker_init(dataset, worker_init_fn),
-            multiprocessing_context=multiprocessing_context, rank=rank, world_size=world_size,
+            multiprocessing_context=multiprocessing_context,
+            **_engine_shard(sampler, batch_sampler, rank, world_size),
             output=output, worker_seeding=worker_seeding, prefetch_factor=prefetch_factor,
             persistent_workers=persistent_workers, pin_memory=pin_memory,
             pin_memory_device=pin_memory_device, generator=generator,
@@ -410,10 +411,13 @@ rank, world_size
                   in_order=self.in_order, timeout=self.timeout,
                   worker_init_fn=_datapipe_worker_init(self.dataset, self.worker_init_fn),
                   multiprocessing_context=self.multiprocessing_context,
-                  rank=self.rank, world_size=self.world_size, output=self.output,
+                  output=self.output,
                   worker_seeding=self.worker_seeding,
                   persistent_workers=self.persistent_workers, pin_memory=self.pin_memory,
                   pin_memory_device=self.pin_memory_device)
+        kw.update(_engine_shard(None if self._built_in else self.sampler,
+                                None if self._built_in else self.batch_sampler,
+                                self.rank, self.world_size))
         batched = self.batch_sampler is not None
         kw["collate_fn"] = _engine_collate(self.collate_fn, batched)
         kw["seed"] = self.seed if self.seed is not None else self._drawn_seed
@@ -734,6 +738,23 @@ def _pytorch_checks(dataset, batch_size, shuffle, sampler, batch_sampler, num_wo
     elif batch_size is None and drop_last:
         raise ValueError(f"batch_size=None option disables auto-batching and is mutually "
                          f"exclusive with drop_last (got drop_last={drop_last!r})")
+
+
+def _engine_shard(sampler, batch_sampler, rank, world_size):
+    """The engine's ``rank``/``world_size``: as given, unless a ``DistributedSampler``
+    (Lightning's, injected when it re-creates the loader under DDP) already shards
+    the order for the same rank and world size; then the sampler does it alone."""
+    dist = next((s for s in (sampler, getattr(batch_sampler, "sampler", None))
+                 if isinstance(s, DistributedSampler)), None)
+    if dist is None or (rank is None and world_size is None):
+        return {"rank": rank, "world_size": world_size}
+    if (rank, world_size) != (dist.rank, dist.num_replicas):
+        raise ValueError(
+            f"the sampler is a DistributedSampler for rank {dist.rank} of {dist.num_replicas} "
+            f"but rank={rank!r}, world_size={world_size!r} were given: one of them shards "
+            f"the order. Under Lightning, give the loader no rank/world_size or pass "
+            f"Trainer(use_distributed_sampler=False)")
+    return {"rank": None, "world_size": None}
 
 
 def _datapipe_worker_init(dataset, worker_init_fn):
