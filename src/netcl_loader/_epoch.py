@@ -324,7 +324,8 @@ class EpochIterator:
         return batch
 
     def _fill(self):
-        pool, free = self.pool, self.slots.free
+        pool, slots = self.pool, self.slots
+        free, quiet, share = slots.free, pool.quiet, pool.share
         W, tasks = self.loader.num_workers, self._tasks
         while self._tasks_left and len(self.pending) < self.loader.prefetch and free:
             try:
@@ -337,7 +338,11 @@ class EpochIterator:
                 self._tasks_left = False
                 break
             try:
-                slot = pool.dispatch(seq, self.epoch, indices, wid)
+                # The common case in one compiled call; growth, pipes and odd
+                # indices through the pool.
+                slot = slots.dispatch(seq, wid, self.epoch, indices, quiet, share)
+                if slot < 0:
+                    slot = pool.dispatch(seq, self.epoch, indices, wid)
             except MemoryError as exc:
                 # No memory for its slot: the batch's error, in its place.
                 slot = None
@@ -457,7 +462,7 @@ class EpochIterator:
                     return batch
             if delivery.zero_copy:
                 mode = "zero_copy"
-            elif delivery.uploader is None and slots.lent_count() < MAX_LENT_SLOTS:
+            elif delivery.uploader is None and slots.lent < MAX_LENT_SLOTS:
                 mode = "lend"
             else:
                 mode = "copy"
