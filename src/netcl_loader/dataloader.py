@@ -500,8 +500,12 @@ class DataLoader:
         if pre is None:
             return None
         it, key = pre
+        # A worker that died while the pool was idle is not waited for here: the
+        # iteration starts afresh on that pool and its first batch reports the
+        # death (a WorkerError naming the pid), as with an iteration not started early.
         if (it.epoch == epoch and key == self._config_key() and it.pool is self._pool
-                and self._pool is not None and self._pool.alive and not it.finished):
+                and self._pool is not None and self._pool.alive and not it.finished
+                and all(p.exitcode is None for p in self._pool.procs)):
             it.prestarted = False
             it.loader = self
             self._stats.begin_epoch(epoch)
