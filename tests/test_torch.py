@@ -1430,34 +1430,44 @@ def test_torch_face_shards_and_seeds_an_iterdatapipe_as_pytorch_does(num_workers
     assert got == want
 
 
+@pytest.mark.parametrize("shuffle", [False, True])
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_torch_face_a_second_iteration_alongside_the_first_is_refused_not_cut_short(num_workers):
-    """PyTorch runs two iterations of one loader side by side; this loader runs one at
-    a time.  The first one, ended by the second, raises RuntimeError at its next
-    ``next()`` instead of stopping as if its epoch were over; the second yields every
-    batch, none leaked from the first.  A finished first iteration, or one dropped
-    after ``break``, just stops as before."""
+def test_torch_face_runs_a_second_iteration_alongside_the_first_as_pytorch(num_workers, shuffle):
+    """PyTorch runs two iterations of one loader side by side (``zip(loader, loader)``,
+    nested loops, one loader for training and mid-epoch validation); so does this
+    one: each yields a whole epoch, none of the other's batches, where the first
+    used to stop short without a word.  The loader's own pool is kept for the
+    next epoch; a finished iteration, or one dropped after ``break``, just stops."""
     ds = tud.TensorDataset(torch.arange(10))
-    want = [b[0].tolist() for b in tud.DataLoader(ds, batch_size=3)]
-    loader = TorchLoader(ds, batch_size=3, num_workers=num_workers,
-                         timeout=BATCH_TIMEOUT_SECONDS)
-    first = iter(loader)
-    assert next(first)[0].tolist() == want[0]
-    second = iter(loader)
-    assert [b[0].tolist() for b in second] == want
-    with pytest.raises(RuntimeError, match="ended by a later iter"):
-        next(first)
-    with pytest.raises(RuntimeError, match="ended by a later iter"):
-        for _ in loader:  # nested loops over one loader: the outer one is ended
-            for _ in loader:
-                pass
+
+    def epochs(make):
+        loader = make(ds, batch_size=3, num_workers=num_workers, shuffle=shuffle)
+        first = iter(loader)
+        head = next(first)[0].tolist()
+        second = [b[0].tolist() for b in loader]
+        rest = [b[0].tolist() for b in first]
+        nested = [len(list(loader)) for _ in loader]
+        after = [b[0].tolist() for b in loader]
+        return [head] + rest, second, nested, after, loader
+
+    want = epochs(tud.DataLoader)
+    got = epochs(lambda *a, **kw: TorchLoader(*a, timeout=BATCH_TIMEOUT_SECONDS, **kw))
+    assert got[2] == want[2] == [4] * 4  # nested: every inner pass whole, outer too
+    for w, g in zip(want[:4:3] + want[1:2], got[:4:3] + got[1:2]):
+        if shuffle:  # the order is drawn differently: each is a whole epoch
+            assert [len(b) for b in g] == [len(b) for b in w]
+            assert sorted(sum(g, [])) == sorted(sum(w, []))
+        else:
+            assert g == w
+    loader = got[4]
+    assert sorted(sum(got[0], [])) == list(range(10))
+    assert got[0] != got[1] or not shuffle  # a new order, as each of PyTorch's iterations
     done = iter(loader)
-    assert [b[0].tolist() for b in done] == want
-    assert [b[0].tolist() for b in loader] == want
-    assert list(done) == []  # finished before the next iteration: just stops
+    list(done)
+    assert len(list(loader)) == 4 and list(done) == []
     for _ in loader:
         break
-    assert [b[0].tolist() for b in loader] == want
+    assert len(list(loader)) == 4
     loader.close()
 
 
@@ -1576,3 +1586,20 @@ def test_torch_face_rank_world_size_with_a_matching_distributed_sampler_shard_on
     assert [b[0].tolist() for b in loader] == want
     with pytest.raises(ValueError, match="DistributedSampler for rank 1 of 2 but rank=0"):
         TorchLoader(ds, batch_size=2, sampler=sampler, rank=0, world_size=2, seed=1)
+
+
+def test_torch_face_an_iteration_read_to_its_length_is_not_run_alongside():
+    """Lightning reads ``len(loader)`` batches and stops calling ``next()``: that
+    iteration, still held, has nothing left, so the next epoch runs on the loader's
+    own persistent pool (not on workers of its own alongside)."""
+    loader = TorchLoader(rows(12), batch_size=4, shuffle=True, num_workers=2,
+                         persistent_workers=True, timeout=BATCH_TIMEOUT_SECONDS)
+    first = iter(loader)
+    for _ in range(len(loader)):
+        next(first)
+    pids = loader.worker_pids
+    second = [int(i) for b in loader for i in b[1]]
+    assert sorted(second) == list(range(12))
+    assert loader.stats.batches == 2 * len(loader)  # both epochs made by the loader's engine
+    assert loader.worker_pids == pids
+    loader.close()

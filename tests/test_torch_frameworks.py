@@ -266,6 +266,33 @@ def test_lightning_ddp_each_rank_sees_what_pytorchs_loader_gives_it(strategy):
         assert sorted(per_rank[0][epoch] + per_rank[1][epoch]) == list(range(N))
 
 
+ONE_LOADER_TWO_ROLES = LIGHTNING_COMMON + """
+def run(make):
+    loader = make(Indexed(), batch_size=4, shuffle=True, num_workers=2)
+    model = Model()
+    t = trainer(devices=1, max_epochs=2, enable_checkpointing=False, val_check_interval=4)
+    t.fit(model, loader, loader)  # one loader object for training and for validation
+    return model.seen
+
+
+print("RESULT=" + json.dumps({"torch": run(TorchDL), "ours": run(OurDL)}))
+"""
+
+
+def test_lightning_one_loader_for_training_and_mid_epoch_validation():
+    """``fit(model, loader, loader)`` with validation every 4 batches: validation
+    iterates the loader while its training epoch is unfinished.  PyTorch's loader runs
+    both; so does ours (the training epoch was cut short at the first validation)."""
+    _need("lightning")
+    got, _ = run_program(ONE_LOADER_TWO_ROLES)
+    for name in ("torch", "ours"):
+        train = _epochs(got[name]["train"], 2)
+        assert [sorted(e) for e in train] == [list(range(N))] * 2, name
+        val = [len(e) for e in _epochs(got[name]["val"], 2)]
+        assert val == [len(e) for e in _epochs(got["torch"]["val"], 2)], name
+        assert val[1] == 2 * N  # validated twice in the epoch, every sample each time
+
+
 SHARDED_BY_HAND = LIGHTNING_COMMON + """
 class Both(Model):
     def train_dataloader(self):

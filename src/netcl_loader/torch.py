@@ -265,6 +265,9 @@ rank, world_size
     loader with ``persistent_workers=True`` after its first iteration; the
     pool and the ring are never part of what is pickled.  A timeout raises
     :class:`~netcl_loader.LoaderTimeout`, a ``RuntimeError`` as PyTorch's.
+    As with PyTorch's loader, a second iteration may run while an unfinished
+    one is still held (``zip(loader, loader)``, the same loader for training
+    and mid-epoch validation): it runs on workers of its own for that pass.
 
     Lightning re-creates it (to inject a ``DistributedSampler``) as this
     class, engine and all.  Accelerate's ``prepare()`` rebuilds every loader
@@ -466,30 +469,16 @@ rank, world_size
     # -- PyTorch's DataLoader API ---------------------------------------------------
     def _get_iterator(self):
         eng = self._eng()
-        if isinstance(eng.dataset, IterDataPipe):
-            _seed_datapipe(eng, self.generator)
-        if self.num_workers > 0:
-            self.check_worker_number_rationality()
-        # One iteration runs at a time: a new one ends an unfinished one.  PyTorch
-        # runs both, so code written for it may go on with the first; it is told
-        # so (RuntimeError) rather than seeing that epoch stop short.
-        found = self._order_generator()
-        if found is not None and found[1] is not None:
-            # The state the sampler draws this epoch's order from (state_dict saves it).
-            object.__setattr__(self, "_order_drawn",
-                               (found[1], eng._resume[0] if eng._resume is not None
-                                else eng._next_epoch, found[1].get_state()))
         old = eng._active() if eng._active is not None else None
-        if old is not None and old.finished:
+        if old is not None and (old.finished or old.prestarted or _delivered_all(old)):
             old = None
-        it = iter(eng)
-        if old is not None and old is not it:
-            old.superseded = RuntimeError(
-                "this iteration of a netcl_loader.torch.DataLoader was ended by a later "
-                "iter() of the same loader while it was unfinished: the loader runs one "
-                "iteration at a time (PyTorch's runs both). Finish or drop the first "
-                "iteration before starting another, or use a second DataLoader for a "
-                "pass that runs alongside")
+        if old is not None and not isinstance(eng.dataset, IterDataPipe):
+            # An unfinished iteration is still held (zip(loader, loader), the same
+            # loader for training and for Lightning's mid-epoch validation): PyTorch
+            # runs both, and so does this loader, the new one on an engine of its own.
+            it = self._side_iteration(eng)
+        else:
+            it = self._main_iteration(eng, old)
         object.__setattr__(self, "_iterated", True)
         if (self._dataset_kind == _DatasetKind.Iterable
                 and self._IterableDataset_len_called is not None):
@@ -498,6 +487,41 @@ rank, world_size
         if gradient_state is not None:
             it = _AccelerateEpoch(it, gradient_state)
         return it
+
+    def _main_iteration(self, eng, old):
+        if isinstance(eng.dataset, IterDataPipe):
+            _seed_datapipe(eng, self.generator)
+        if self.num_workers > 0:
+            self.check_worker_number_rationality()
+        found = self._order_generator()
+        if found is not None and found[1] is not None:
+            # The state the sampler draws this epoch's order from (state_dict saves it).
+            object.__setattr__(self, "_order_drawn",
+                               (found[1], eng._resume[0] if eng._resume is not None
+                                else eng._next_epoch, found[1].get_state()))
+        it = iter(eng)
+        if old is not None and old is not it:
+            # A DataPipe's pool restarts for every iteration (its shufflers are
+            # seeded anew): an iteration still held ends, and says so when used.
+            old.superseded = RuntimeError(
+                "this iteration of a netcl_loader.torch.DataLoader over a DataPipe was "
+                "ended by a later iter() of the same loader while it was unfinished. "
+                "Finish or drop the first iteration before starting another, or use a "
+                "second DataLoader for a pass that runs alongside")
+        return it
+
+    def _side_iteration(self, eng):
+        """An iteration alongside the loader's unfinished one: a second engine with
+        its own (non-persistent) workers, over the loader's next epoch (the loader
+        moves on past it, as each of PyTorch's iterations draws a new order)."""
+        kw = self._engine_kwargs()
+        kw["persistent_workers"] = False
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # its warnings were given at construction
+            side = _Engine(self.dataset, **kw)
+        side._next_epoch = eng._next_epoch
+        eng._next_epoch += 1
+        return iter(side)
 
     def __iter__(self):
         return self._get_iterator()
@@ -738,6 +762,15 @@ def _pytorch_checks(dataset, batch_size, shuffle, sampler, batch_sampler, num_wo
     elif batch_size is None and drop_last:
         raise ValueError(f"batch_size=None option disables auto-batching and is mutually "
                          f"exclusive with drop_last (got drop_last={drop_last!r})")
+
+
+def _delivered_all(it):
+    """Whether iteration ``it`` has yielded all its batches (a framework that knows
+    the length stops calling ``next()`` there, before the iteration can end)."""
+    try:
+        return len(it) <= 0
+    except TypeError:
+        return False  # no length: only its end tells
 
 
 def _engine_shard(sampler, batch_sampler, rank, world_size):
