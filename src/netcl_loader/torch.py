@@ -766,11 +766,14 @@ def _pytorch_checks(dataset, batch_size, shuffle, sampler, batch_sampler, num_wo
 
 def _delivered_all(it):
     """Whether iteration ``it`` has yielded all its batches (a framework that knows
-    the length stops calling ``next()`` there, before the iteration can end)."""
+    the length stops calling ``next()`` there, before the iteration can end).  Of an
+    iterable-style dataset, whose length is a hint, only the end tells."""
+    if getattr(it, "iterable", True):
+        return False
     try:
         return len(it) <= 0
-    except TypeError:
-        return False  # no length: only its end tells
+    except (TypeError, ValueError):
+        return False
 
 
 def _engine_shard(sampler, batch_sampler, rank, world_size):
