@@ -1603,3 +1603,34 @@ def test_torch_face_an_iteration_read_to_its_length_is_not_run_alongside():
     assert loader.stats.batches == 2 * len(loader)  # both epochs made by the loader's engine
     assert loader.worker_pids == pids
     loader.close()
+
+
+class RaggedSamples(tud.Dataset):
+    """Tensors whose length is the index + 1: no two of a batch can be stacked."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.zeros(i + 1)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_samples_of_unequal_size_are_caught_as_pytorch_code_catches_them(num_workers):
+    """PyTorch's default_collate raises RuntimeError for tensors of unequal size; ours
+    raises CollateError, a ValueError (the NumPy face's documented type) and a
+    RuntimeError, naming the field and the indices, from a worker too."""
+    caught = {}
+    for name, cls in (("torch", tud.DataLoader), ("ours", TorchLoader)):
+        loader = cls(RaggedSamples(), batch_size=2, num_workers=num_workers)
+        try:
+            next(iter(loader))
+        except RuntimeError as exc:
+            caught[name] = exc
+        finally:
+            if hasattr(loader, "close"):
+                loader.close()
+    assert set(caught) == {"torch", "ours"}
+    assert isinstance(caught["ours"], netcl_loader.CollateError)
+    assert isinstance(caught["ours"], ValueError)
+    assert "shape" in str(caught["ours"]) and "dataset index 1" in str(caught["ours"])

@@ -8,6 +8,7 @@ except ImportError as exc:  # pragma: no cover - a broken install
         f"--no-binary netcl-loader netcl-loader, or pip install . from a clone).") from exc
 
 from ._worker import WorkerInfo, get_worker_info
+from ._errors import CollateError
 from .dataloader import DataLoader, LoaderStats, LoaderTimeout, WorkerError
 from .datasets import ArrayDataset, Subset, random_split
 from .gpu_batch import GpuBatch
@@ -15,7 +16,8 @@ from .gpu_batch import GpuBatch
 __version__ = "0.1.0"
 
 __all__ = ["DataLoader", "ArrayDataset", "Subset", "random_split", "get_worker_info",
-           "WorkerInfo", "GpuBatch", "WorkerError", "LoaderTimeout", "LoaderStats", "tune",
+           "WorkerInfo", "GpuBatch", "WorkerError", "LoaderTimeout", "CollateError", "LoaderStats",
+           "tune",
            "__version__"]
 
 

@@ -20,6 +20,8 @@ from collections.abc import Mapping, MutableMapping, MutableSequence, Sequence
 
 import numpy as np
 
+from netcl_loader._errors import CollateError
+
 cdef extern from "netcl_collate.h" nogil:
     void netcl_gather(char *dst, const char *const *srcs, size_t item_bytes, size_t n)
 
@@ -352,7 +354,7 @@ cdef object _named(object exc):
 
 
 cdef _mismatch(list indices, int i, str path, str what, object a, object b):
-    raise _named(ValueError(
+    raise _named(CollateError(
         f"cannot collate: samples differ at field {_show_path(path)}: dataset index "
         f"{indices[0]!r} has {what} {a}, dataset index {indices[i]!r} has {what} {b}"))
 

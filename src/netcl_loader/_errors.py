@@ -1,7 +1,7 @@
 """Exceptions the loader raises on both faces."""
 from __future__ import annotations
 
-__all__ = ["LoaderTimeout"]
+__all__ = ["CollateError", "LoaderTimeout"]
 
 
 class LoaderTimeout(TimeoutError, RuntimeError):
@@ -25,3 +25,14 @@ class LoaderTimeout(TimeoutError, RuntimeError):
         # Rebuilt from its arguments (the default would pass the message as
         # `timeout`), so it crosses a pipe or a pickle unchanged.
         return type(self), (self.timeout, self.what)
+
+
+class CollateError(ValueError, RuntimeError):
+    """Samples of one batch that cannot be stacked: they differ in structure, keys, or an
+    array leaf's shape or dtype.
+
+    A ``ValueError`` (what this package documents) and a ``RuntimeError``
+    (what PyTorch's ``default_collate`` raises for tensors of unequal size,
+    so ``except RuntimeError`` written for PyTorch catches it too).  The
+    message names the dataset indices, the field and the two shapes or dtypes.
+    """
