@@ -59,6 +59,18 @@ def _describe_exit(wid, pid, code):
 _MAIN_ONLY_FDS = set()
 
 
+def _forget_main_only_fds():
+    """In a forked child: the descriptors in the set are its parent's pools', and
+    the child may close its copies (collecting those pools' pipes) and reuse the
+    numbers for pools of its own, whose workers must not shut them.  A worker
+    gets its parent's list as an argument, made before the fork."""
+    _MAIN_ONLY_FDS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_main_only_fds)
+
+
 def _shutdown(procs, conns, header, lifeline, owner=None):
     """End worker processes: cancel queued tasks and STOP, then the lifeline, then
     terminate, then kill; close the pipes.  Only in ``owner``, the process that
