@@ -225,3 +225,34 @@ def test_main_sigkilled_leaves_no_orphan_and_no_ring(case, method):
         assert "IN_CLOSE" in report["stdout"], report["stdout"]
     elif case == "slot-growth":
         assert int(printed(report, "PIPED")[0]) > 0  # batches outgrew their slots
+
+
+def test_a_loader_started_in_a_forked_child_keeps_its_workers():
+    # A forked child holds copies of its parent's pools: closing its copy closes
+    # the inherited pipe ends, and its own pool may get the same descriptor
+    # numbers.  Its forked workers must shut only what is the parent's now, never
+    # their own lifeline (they exited at once, with code 0).
+    out = run_child("""
+        import gc, multiprocessing
+        parent = DataLoader(Rows(16), batch_size=4, num_workers=2, seed=0)
+        list(parent)  # its persistent pool stays up
+
+        def child(q):
+            parent.close()  # (in the child: its copies of the parent's pipes)
+            gc.collect()    # ... closed now, their numbers free for the child's own pool
+            with DataLoader(Rows(16), batch_size=4, num_workers=2, seed=0, timeout=30) as dl:
+                q.put(sorted(sum((b[1].tolist() for b in dl), [])))
+
+        ctx = multiprocessing.get_context("fork")
+        q = ctx.Queue()
+        p = ctx.Process(target=child, args=(q,))
+        p.start()
+        p.join(60)
+        print("EXIT=%s" % p.exitcode)
+        print("GOT=%s" % (q.get(timeout=5) == list(range(16)) if p.exitcode == 0 else None))
+        print("PARENT=%d" % (sorted(sum((b[1].tolist() for b in parent), [])) == list(range(16))))
+        parent.close()
+    """)
+    assert out.returncode == 0, out.stderr
+    assert "EXIT=0" in out.stdout and "GOT=True" in out.stdout, out.stdout + out.stderr
+    assert "PARENT=1" in out.stdout, out.stdout + out.stderr
