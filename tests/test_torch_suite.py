@@ -17,6 +17,10 @@ their skip message: they need CUDA, inspect the internals of PyTorch's own
 iterator (``_workers``, ``_index_queues``, ...), or test what differs by
 design (the shuffled order comes from ``(seed, epoch)``, not from the
 generator's stream).
+
+The original is part of PyTorch, under PyTorch's BSD-style license
+(Copyright (c) Facebook, Inc. and its affiliates, and the PyTorch
+contributors); the ported cases keep its names and assertions.
 """
 import collections
 import ctypes
