@@ -441,6 +441,32 @@ def test_center_crop_matches_torchvision_recipe(folder, monkeypatch, force_pillo
 
 
 @pytest.mark.parametrize("force_pillow", [False, True])
+def test_files_larger_than_the_read_buffer_are_read_whole(tmp_path, monkeypatch, force_pillow):
+    """A camera-sized JPEG (more than the 1 MiB read buffer a process starts with) is read
+    whole, after a smaller file has set up the buffer: its image matches torchvision's
+    recipe on the same file."""
+    from netcl_loader import images as im
+    rng = np.random.default_rng(5)
+    base = photo_region(rng, size=(400, 300))   # (300, 400, 3)
+    big = np.clip(np.kron(base, np.ones((4, 4, 1), np.uint8)).astype(np.int16)
+                  + rng.normal(0, 12, (1200, 1600, 3)), 0, 255)
+    path = str(tmp_path / "big.jpg")
+    Image.fromarray(big.astype(np.uint8)).save(path, quality=97)
+    assert os.path.getsize(path) > im.READ_BUFFER_BYTES
+    small = make_jpegs(tmp_path / "s", 1, size=(40, 30), seed=1)[0]
+    if force_pillow:
+        monkeypatch.setenv(DECODER_ENV, "pillow")
+    ds = ImageFiles([small, path], [0, 1], crop=CenterCrop(64, resize=73), flip=0,
+                    output="uint8")
+    ds[0]   # the process's read buffer is now set up at its first size
+    got = ds[1][0]
+    mean_abs, worst = levels(got, torchvision_v1_eval(path, 73, 64))
+    assert mean_abs <= MEAN_ABS_LEVELS and worst <= MAX_LEVELS, (mean_abs, worst)
+    with open(path, "rb") as f:
+        assert bytes(im._read_file(os.fsencode(path), im._here())) == f.read()
+
+
+@pytest.mark.parametrize("force_pillow", [False, True])
 def test_images_smaller_than_the_crop_are_enlarged_not_padded(tmp_path, monkeypatch,
                                                               force_pillow):
     if force_pillow:

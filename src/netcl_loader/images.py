@@ -175,10 +175,12 @@ class _Process:
         fds[shard] = fd   # now the most recently used
         return fd
 
-    def grow(self, nbytes):
-        """The read buffer, at least ``nbytes`` long."""
+    def grow(self, nbytes, keep=0):
+        """The read buffer, at least ``nbytes`` long, its first ``keep`` bytes kept."""
         if len(self.buf) < nbytes:
-            self.buf = np.empty(1 << max(20, int(nbytes - 1).bit_length()), np.uint8)
+            new = np.empty(1 << max(20, int(nbytes - 1).bit_length()), np.uint8)
+            new[:keep] = self.buf[:keep]
+            self.buf = new
         return self.buf
 
 
@@ -203,23 +205,23 @@ def _read_file(path, proc):
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
                  | getattr(os, "O_NONBLOCK", 0))
     try:
-        mode = os.fstat(fd).st_mode
+        st = os.fstat(fd)
+        mode = st.st_mode
         if not stat.S_ISREG(mode):
             # A folder, FIFO, socket or device (one reads forever) is not an image file.
             kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
             raise ImageFileError(f"{os.fsdecode(path)}: {kind} (an image must be a regular "
                                  f"file)")
-        buf = proc.buf
+        # One byte more than the file's size: a read that fills the buffer means
+        # the file grew since fstat, and the loop reads on (keeping what it read).
+        buf = proc.grow(st.st_size + 1)
         n = _pread_into(fd, buf, 0)
-        if n == len(buf):
-            size = os.fstat(fd).st_size
-            buf = proc.grow(max(size, n) + 1)
-            while True:
-                got = _pread_into(fd, buf[n:], n)
-                n += got
-                if got == 0 or n < len(buf):
-                    break
-                buf = proc.grow(2 * len(buf))
+        while n == len(buf):
+            buf = proc.grow(2 * len(buf), keep=n)
+            got = _pread_into(fd, buf[n:], n)
+            if got == 0:
+                break
+            n += got
     finally:
         os.close(fd)
     return buf[:n]
