@@ -466,6 +466,18 @@ def test_files_larger_than_the_read_buffer_are_read_whole(tmp_path, monkeypatch,
         assert bytes(im._read_file(os.fsencode(path), im._here())) == f.read()
 
 
+def test_center_crop_default_resize_fits_oblong_crops():
+    """The default resize is min(size) / 0.875, raised to the crop's largest side when the
+    crop is too oblong for it; a resize given smaller than that is refused, naming it."""
+    assert CenterCrop(224).resize == 256
+    assert CenterCrop((224, 300)).resize == 300
+    assert CenterCrop((224, 250)).resize == 256
+    with pytest.raises(ValueError, match="resize.*300.*got 256"):
+        CenterCrop((224, 300), resize=256)
+    top, left, h, w = CenterCrop((224, 300)).box(600, 400)   # portrait: width is short
+    assert 0 <= left and left + w <= 400 + 1e-9 and 0 <= top and top + h <= 600 + 1e-9
+
+
 @pytest.mark.parametrize("force_pillow", [False, True])
 def test_images_smaller_than_the_crop_are_enlarged_not_padded(tmp_path, monkeypatch,
                                                               force_pillow):

@@ -416,7 +416,8 @@ class CenterCrop:
         Output (height, width).
     resize : int, optional
         The shorter side before cropping; default ``int(min(size) / 0.875)``
-        (256 for 224, the usual ImageNet evaluation).  At least ``max(size)``.
+        (256 for 224, the usual ImageNet evaluation), raised to ``max(size)``
+        for a crop too oblong for that.  At least ``max(size)``.
     """
 
     draws = 0
@@ -424,7 +425,8 @@ class CenterCrop:
     def __init__(self, size, resize=None):
         self.size = _size_pair(size, "CenterCrop")
         if resize is None:
-            resize = int(min(self.size) / 0.875)
+            # A crop of any orientation must fit the shorter side of the image.
+            resize = max(int(min(self.size) / 0.875), max(self.size))
         if (isinstance(resize, bool) or not isinstance(resize, numbers.Integral)
                 or resize < max(self.size)):
             raise ValueError(f"CenterCrop: resize must be an int >= the crop's largest side "
