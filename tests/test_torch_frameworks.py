@@ -1,4 +1,4 @@
-"""The PyTorch face inside the frameworks (SPEC §10): Lightning, Accelerate, Hugging Face datasets.
+"""The PyTorch face inside the frameworks: Lightning, Accelerate, Hugging Face datasets.
 
 Each test runs the real framework with PyTorch's own ``torch.utils.data.DataLoader``
 as the oracle, in the same program, next to ``netcl_loader.torch.DataLoader``

@@ -173,17 +173,19 @@ cdef class Decoder:
             Bad ``box``, ``out``, ``mean`` or ``std``; the box outside the image.
         """
         cdef ResizeArgs a
-        cdef int code, denom = 0, img_w = 0, img_h = 0, c
+        cdef int code, denom = 0, img_w = 0, img_h = 0
         cdef size_t size = data.shape[0]
         cdef const float *lut = NULL
         check_resize_args(box, out, flip, mean, std, &a)
         if not _starts_with_soi(data):
             raise ImageError(_not_jpeg(data))
-        if a.is_float:
-            self._ensure_lut(&a)
-            lut = self._lut
+        # Entered before the lookup table is (re)built: another thread decoding
+        # with this decoder reads the table without the GIL.
         self._enter()
         try:
+            if a.is_float:
+                self._ensure_lut(&a)
+                lut = self._lut
             with nogil:
                 code = netcl_jpeg_decode(self._d, &data[0], size, a.top, a.left, a.height,
                                          a.width, NETCL_RESIZE_BOX_TOLERANCE, a.out_h,

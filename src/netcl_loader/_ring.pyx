@@ -318,6 +318,10 @@ cdef class RingHeader:
         cdef netcl_slot_header_t *s = self.slot(i)
         cdef char *area = self.index_area + <uint64_t>i * self.index_bytes
         cdef uint64_t n = (<uint64_t *>area)[0]
+        if n + 8 > self.index_bytes:
+            # The word is shared memory: never read past the slot's index area.
+            raise RuntimeError(f"slot {i}'s index area says {n} bytes, more than its "
+                               f"{self.index_bytes - 8}: the ring's header is damaged")
         return (entry, s.token, s.seq, s.epoch, _frombuffer((area + 8)[:n], _int64))
 
     def take_grow(self, uint32_t i):
@@ -369,6 +373,9 @@ cdef class RingHeader:
         self.slot(i)
         cdef char *area = self.index_area + <uint64_t>i * self.index_bytes
         cdef uint64_t n = (<uint64_t *>area)[0]
+        if n + 8 > self.index_bytes:
+            raise RuntimeError(f"slot {i}'s index area says {n} bytes, more than its "
+                               f"{self.index_bytes - 8}: the ring's header is damaged")
         return (area + 8)[:n]
 
     cdef netcl_slot_header_t *slot(self, uint32_t i) except NULL:

@@ -77,11 +77,6 @@ cdef class Slots:
         self.token = token & 0xFFFFFFFF
         self.header.set_token(self.token)
 
-    def end_all(self):
-        """No iteration is current: workers skip every task still queued."""
-        self.token = NO_ITERATION
-        self.header.set_token(NO_ITERATION)
-
     # -- handing out ---------------------------------------------------------------
     def pick(self):
         """The free slot the next task gets, ``(slot, bytes it must grow to or 0)``:

@@ -636,6 +636,7 @@ rank, world_size
 
     @property
     def iterable(self):
+        """Whether the dataset is iterable-style (PyTorch's ``_DatasetKind.Iterable``)."""
         return self._dataset_kind == _DatasetKind.Iterable
 
     @property
