@@ -366,6 +366,35 @@ def test_many_shards_keep_few_descriptors_open(folder, tmp_path):
     np.testing.assert_array_equal(labels, ds.targets[::-1])
 
 
+def test_a_forked_child_closes_the_shard_descriptors_it_inherits(folder, tmp_path):
+    """Shards the parent read stay open in its _Process; a forked child (a worker) makes
+    its own and closes its copies of the parent's, so they do not add up per fork."""
+    from netcl_loader import images
+    ds = ImageFolder(folder, crop=CenterCrop(16), flip=0, output="uint8")
+    shards = write_shards(ds, folder, tmp_path, per_shard=1)
+    tar = TarImages(shards, crop=CenterCrop(16), flip=0, output="uint8")
+    tar.gather_batch(np.arange(len(tar)), np.empty)
+    inherited = sorted(images._here().shards.values())
+    assert len(inherited) == min(len(shards), images.MAX_OPEN_SHARDS)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child: one read, then report which inherited fds are open
+        try:
+            os.close(r)
+            tar.gather_batch(np.arange(1), np.empty)
+            still = [fd for fd in inherited if os.path.exists(f"/proc/self/fd/{fd}")
+                     and os.readlink(f"/proc/self/fd/{fd}").endswith(".tar")
+                     and fd not in images._here().shards.values()]
+            os.write(w, json.dumps(still).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        still = json.loads(f.read())
+    os.waitpid(pid, 0)
+    assert still == []
+
+
 def test_tar_shards_need_labels_and_no_compression(tmp_path):
     data = encode_jpeg(photo_region(np.random.default_rng(0), (40, 30)))
     bad = tmp_path / "nolabel.tar"

@@ -175,6 +175,20 @@ class _Process:
         fds[shard] = fd   # now the most recently used
         return fd
 
+    def close_shards(self):
+        """Close the kept shard descriptors (in a forked child: its copies of the parent's)."""
+        fds, self.shards = self.shards, {}
+        for fd in fds.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def __del__(self):
+        # A thread that ends drops its _Process: its descriptors go with it.
+        if self.pid == os.getpid():
+            self.close_shards()
+
     def grow(self, nbytes, keep=0):
         """The read buffer, at least ``nbytes`` long, its first ``keep`` bytes kept."""
         if len(self.buf) < nbytes:
@@ -190,6 +204,8 @@ _local = threading.local()
 def _here():
     p = getattr(_local, "process", None)
     if p is None or p.pid != os.getpid():
+        if p is not None:
+            p.close_shards()   # a forked child's copies of its parent's descriptors
         p = _local.process = _Process()
     return p
 
