@@ -373,6 +373,7 @@ def test_a_forked_child_closes_the_shard_descriptors_it_inherits(folder, tmp_pat
     ds = ImageFolder(folder, crop=CenterCrop(16), flip=0, output="uint8")
     shards = write_shards(ds, folder, tmp_path, per_shard=1)
     tar = TarImages(shards, crop=CenterCrop(16), flip=0, output="uint8")
+    images._here().close_shards()   # what earlier tests left open in this process
     tar.gather_batch(np.arange(len(tar)), np.empty)
     inherited = sorted(images._here().shards.values())
     assert len(inherited) == min(len(shards), images.MAX_OPEN_SHARDS)
