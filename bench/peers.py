@@ -128,17 +128,10 @@ class ViewDataset:
         return self.data[i], int(self.labels[i])
 
 
-class TensorItemsDataset:
+class TensorItemsDataset(ViewDataset):
     """Samples are ``(data[i], labels[i])`` torch tensors from a plain
     ``__getitem__``: a custom dataset returning tensors, which no loader can
     gather as rows the way it can a ``TensorDataset`` (big_t, small_t)."""
-
-    def __init__(self, data, labels):
-        self.data = data
-        self.labels = labels
-
-    def __len__(self):
-        return len(self.data)
 
     def __getitem__(self, i):
         return self.data[i], self.labels[i]
