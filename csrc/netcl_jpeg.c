@@ -84,17 +84,29 @@ static void netcl_on_error_exit(j_common_ptr cinfo) {
                  "JPEG image too large: it needs more than %ld MiB of decoder memory",
                  NETCL_JPEG_MAX_MEMORY >> 20);
     } else {
+        /* libjpeg's warnings say "Corrupt JPEG data: ..." themselves. */
+        static const char said[] = "Corrupt JPEG data: ";
+        const char *why = strncmp(text, said, sizeof said - 1) == 0 ? text + sizeof said - 1
+                                                                   : text;
         e->code = NETCL_JPEG_ECORRUPT;
-        snprintf(e->message, sizeof e->message, "corrupt JPEG data: %s", text);
+        snprintf(e->message, sizeof e->message, "corrupt JPEG data: %s", why);
     }
     longjmp(e->jump, 1);
 }
 
-/* Warnings (level -1) are counted, except premature end of data: the missing
- * part would be decoded as grey, so it is an error here. */
+/* libjpeg's warnings (level -1) say that the data is damaged and that it
+ * decodes on regardless: a marker inside the entropy-coded data, bad Huffman
+ * codes, bytes that belong to no segment, a missing restart marker, an
+ * inconsistent progression, the data ending early. The decoded pixels are
+ * then partly invented (grey, or shifted blocks), so each of these is an
+ * error here (as a strict libjpeg-turbo decode makes them), although Pillow
+ * ignores them. Only two warnings about metadata leave the pixels as the
+ * file means them and stay warnings: an unknown JFIF revision, and an
+ * unknown Adobe colour transform code (read as YCbCr, as Pillow reads it). */
 static void netcl_on_emit_message(j_common_ptr cinfo, int level) {
     if (level < 0) {
-        if (cinfo->err->msg_code == JWRN_JPEG_EOF) {
+        const int code = cinfo->err->msg_code;
+        if (code != JWRN_JFIF_MAJOR && code != JWRN_ADOBE_XFORM) {
             cinfo->err->error_exit(cinfo);
         }
         cinfo->err->num_warnings++;
@@ -192,10 +204,78 @@ static void netcl_cmyk_to_rgb(uint8_t *px, int n) {
     }
 }
 
+/* The largest DCT reduction 1/dd (8, 4, 2, else 1) that keeps the box at
+ * least NETCL_JPEG_MIN_OVERSAMPLE times the output size in every component's
+ * own samples: the luma's, and the chroma's, which hold fewer (half the
+ * columns in 4:2:2, a quarter in 4:1:1, half the rows in 4:4:0, whatever
+ * libjpeg's IDCT scaling of each component gives). The chroma's samples are
+ * what the colour is resized from, so it is held to the same limit. Leaves
+ * cinfo's scale set to the choice. */
+static int netcl_jpeg_choose_scale(struct jpeg_decompress_struct *cinfo, double height,
+                                   double width, int out_h, int out_w) {
+    const double need_w = NETCL_JPEG_MIN_OVERSAMPLE * out_w;
+    const double need_h = NETCL_JPEG_MIN_OVERSAMPLE * out_h;
+    const double img_w = (double)cinfo->image_width, img_h = (double)cinfo->image_height;
+    cinfo->scale_num = 1;
+    for (int dd = 8; dd > 1; dd /= 2) {
+        if (width / dd < need_w || height / dd < need_h) {
+            continue; /* the luma alone is already too small: no test of the rest */
+        }
+        cinfo->scale_denom = (unsigned int)dd;
+        jpeg_calc_output_dimensions(cinfo); /* per component: downsampled_width/height */
+        int ok = 1;
+        for (int c = 0; c < cinfo->num_components && ok; c++) {
+            const jpeg_component_info *comp = &cinfo->comp_info[c];
+            ok = width * (double)comp->downsampled_width / img_w >= need_w
+                 && height * (double)comp->downsampled_height / img_h >= need_h;
+        }
+        if (ok) {
+            return dd;
+        }
+    }
+    cinfo->scale_denom = 1;
+    return 1;
+}
+
+/* Read the image's rows below the crop and the rest of the file up to its
+ * end-of-image marker, so that damage anywhere in the file is found whatever
+ * the crop (libjpeg reports it through the handlers above). Progressive and
+ * other multi-scan files were read whole by jpeg_start_decompress; there the
+ * skip only moves counters. In a single-scan file, jpeg_skip_scanlines
+ * entropy-decodes the skipped rows (no inverse DCT, no colour conversion):
+ * the cheap part of decoding, which the rows above the crop cost already.
+ * It would mark the end of the image reached without reading anything if
+ * asked to skip through the last row, so the last row is read instead;
+ * jpeg_finish_decompress then reads the markers after the scan (a stray SOF
+ * or a bogus segment is an error there, as in Pillow) through EOI. */
+static void netcl_jpeg_read_through(netcl_jpeg *d, JSAMPROW *rows) {
+    struct jpeg_decompress_struct *cinfo = &d->cinfo;
+    const JDIMENSION h = cinfo->output_height;
+#if NETCL_JPEG_SCALE_CROP
+    if (cinfo->output_scanline + 1 < h) {
+        const JDIMENSION n = h - 1 - cinfo->output_scanline;
+        if (jpeg_skip_scanlines(cinfo, n) != n) {
+            netcl_fail(d, NETCL_JPEG_ECORRUPT, "corrupt JPEG data: cannot skip %u rows",
+                       (unsigned)n);
+        }
+    }
+#endif
+    while (cinfo->output_scanline < h) {
+        JDIMENSION want = h - cinfo->output_scanline;
+        if (want > NETCL_JPEG_BATCH) {
+            want = NETCL_JPEG_BATCH;
+        }
+        if (jpeg_read_scanlines(cinfo, rows, want) == 0) {
+            netcl_fail(d, NETCL_JPEG_ECORRUPT, "corrupt JPEG data: decoder stalled");
+        }
+    }
+    jpeg_finish_decompress(cinfo);
+}
+
 int netcl_jpeg_decode(netcl_jpeg *d, const uint8_t *data, size_t size, double top,
                       double left, double height, double width, double tol, int out_h,
-                      int out_w, int flip, const float *lut, void *out, int *denom,
-                      int *image_width, int *image_height) {
+                      int out_w, int flip, int crop_first, const float *lut, void *out,
+                      int *denom, int *image_width, int *image_height) {
     struct jpeg_decompress_struct *cinfo = &d->cinfo;
     d->err.message[0] = '\0';
     d->err.code = NETCL_JPEG_OK;
@@ -238,15 +318,7 @@ int netcl_jpeg_decode(netcl_jpeg *d, const uint8_t *data, size_t size, double to
         return NETCL_JPEG_EUNSUPPORTED; /* not reached */
     }
 
-    /* The largest DCT reduction 1/dd that keeps the box at least 1.25x the
-     * output size in both dimensions. */
-    int dd = 8;
-    while (dd > 1 && !(width / dd >= NETCL_JPEG_MIN_OVERSAMPLE * out_w
-                       && height / dd >= NETCL_JPEG_MIN_OVERSAMPLE * out_h)) {
-        dd /= 2;
-    }
-    cinfo->scale_num = 1;
-    cinfo->scale_denom = (unsigned int)dd;
+    const int dd = netcl_jpeg_choose_scale(cinfo, height, width, out_h, out_w);
     cinfo->dct_method = JDCT_ISLOW; /* Pillow's (and libjpeg's) default */
     cinfo->do_fancy_upsampling = TRUE;
     jpeg_calc_output_dimensions(cinfo);
@@ -269,8 +341,8 @@ int netcl_jpeg_decode(netcl_jpeg *d, const uint8_t *data, size_t size, double to
                    out_h, out_w);
     }
     netcl_resize_axis ax, ay;
-    netcl_resize_axis_init(&ax, d->work, sw, x0, x1, out_w, kx);
-    netcl_resize_axis_init(&ay, d->work + bx, sh, y0, y1, out_h, ky);
+    netcl_resize_axis_init(&ax, d->work, sw, x0, x1, out_w, kx, crop_first);
+    netcl_resize_axis_init(&ay, d->work + bx, sh, y0, y1, out_h, ky, crop_first);
 
     jpeg_start_decompress(cinfo);
     if ((int)cinfo->output_width != sw || (int)cinfo->output_height != sh
@@ -352,8 +424,7 @@ int netcl_jpeg_decode(netcl_jpeg *d, const uint8_t *data, size_t size, double to
         netcl_fail(d, NETCL_JPEG_ECORRUPT, "internal error: %d of %d output rows written",
                    s.done, out_h);
     }
-    /* The rows below the box are not decoded: abort, not finish. */
-    jpeg_abort_decompress(cinfo);
+    netcl_jpeg_read_through(d, rows);
     *denom = dd;
     return NETCL_JPEG_OK;
 }

@@ -8,10 +8,14 @@
  * netcl_jpeg_decode writes the region `box` of the full-resolution image
  * straight into a planar (3, out_h, out_w) float32 or uint8 buffer:
  *  - the largest DCT scale 1/d (d = 8, 4, 2, 1) that keeps the scaled box at
- *    least 1.25x the output size in both dimensions (the IDCT does most of
- *    the shrinking for free; going further costs accuracy);
+ *    least 1.25x the output size in both dimensions, in the samples of every
+ *    component (the chroma of 4:2:2, 4:4:0 or 4:1:1 holds fewer than the
+ *    luma) (the IDCT does most of the shrinking for free; going further costs
+ *    accuracy);
  *  - only the rows (jpeg_skip_scanlines) and columns (jpeg_crop_scanline)
- *    that the resize reads are decoded;
+ *    that the resize reads are decoded; the rows below them are then only
+ *    entropy-decoded and the file read through its end-of-image marker, so
+ *    that damage anywhere in the file is an error whatever the box;
  *  - each decoded row is resized horizontally at once (while in cache), and
  *    output rows are written as soon as their source rows are in
  *    (netcl_resize.h: bilinear, antialiased, flip, normalisation table).
@@ -19,8 +23,10 @@
  * (Adobe-inverted CMYK); progressive files work.
  *
  * Errors never exit or print: libjpeg's error exit longjmps back here, the
- * decoder is reset, and the call returns a code with a message. Premature end
- * of data (a libjpeg warning) is an error here. Nothing here touches Python.
+ * decoder is reset, and the call returns a code with a message. libjpeg's
+ * warnings that the data is corrupt (a marker inside the scan, bad Huffman
+ * codes, stray bytes, premature end of data) are errors here too: the image
+ * they give is partly invented. Nothing here touches Python.
  */
 #ifndef NETCL_JPEG_H
 #define NETCL_JPEG_H
@@ -67,7 +73,11 @@ int netcl_jpeg_info(netcl_jpeg *d, const uint8_t *data, size_t size, int *width,
 
 /* Decode the region (top, left, height, width) of the full-resolution image,
  * in source pixels (fractional allowed; edges may stick out by `tol` pixels),
- * resized to out_h x out_w, mirrored along the width when `flip`, into `out`:
+ * resized to out_h x out_w, mirrored along the width when `flip`, into `out`.
+ * With `crop_first` the resize reads only pixels the box overlaps (cropping
+ * the box out, then resizing it: torchvision's RandomResizedCrop); without,
+ * it reads the box's neighbours too (Pillow's resize with a box: what
+ * torchvision's Resize then CenterCrop give). `out` is
  * C-contiguous (3, out_h, out_w), float32 through `lut` (3 x 256 entries,
  * netcl_resize_build_lut) or uint8 when `lut` is NULL. On success stores
  * the DCT scale denominator used (1, 2, 4, 8) in *denom. *width and *height
@@ -75,8 +85,8 @@ int netcl_jpeg_info(netcl_jpeg *d, const uint8_t *data, size_t size, int *width,
  * NETCL_JPEG_EBOX). `out` may be partly written when an error is returned. */
 int netcl_jpeg_decode(netcl_jpeg *d, const uint8_t *data, size_t size, double top,
                       double left, double height, double width, double tol, int out_h,
-                      int out_w, int flip, const float *lut, void *out, int *denom,
-                      int *image_width, int *image_height);
+                      int out_w, int flip, int crop_first, const float *lut, void *out,
+                      int *denom, int *image_width, int *image_height);
 
 #ifdef __cplusplus
 }

@@ -122,10 +122,19 @@ static inline size_t netcl_resize_axis_bytes(int ksize, int out_size) {
  * netcl_resize_axis_bytes(ksize, out_size) bytes, suitably aligned, with
  * ksize = netcl_resize_ksize(in0, in1, out_size).
  *
+ * The taps of an output sample are cut to the samples that exist, and the
+ * weights normalised over those that remain (Pillow's rule at an image's
+ * edge). With `within` == 0 the edges are the axis's, 0 and in_size: a box
+ * reads its neighbours outside it, as Pillow's resize(box=...) does. With
+ * `within` != 0 they are the samples the box overlaps, floor(in0) and
+ * ceil(in1): what cropping the box out first and resizing the crop gives
+ * (for a box on whole samples, exactly; torchvision's crop-then-resize).
+ *
  * Preconditions (checked by the caller): out_size >= 1, in_size >= 1,
  * 0 <= in0 < in1 <= in_size, all finite. */
 static inline void netcl_resize_axis_init(netcl_resize_axis *axis, void *mem, int in_size,
-                                          float in0, float in1, int out_size, int ksize) {
+                                          float in0, float in1, int out_size, int ksize,
+                                          int within) {
     const double scale = (double)(in1 - in0) / out_size;
     const double support = netcl_resize_support(in0, in1, out_size);
     const double inv = 1.0 / support;
@@ -133,22 +142,32 @@ static inline void netcl_resize_axis_init(netcl_resize_axis *axis, void *mem, in
     int *start = (int *)(coef + (size_t)out_size * (size_t)ksize);
     int *count = start + out_size;
     int first = in_size, last = 0, max_count = 1;
+    int edge0 = 0, edge1 = in_size;
+    if (within) {
+        edge0 = (int)floor((double)in0);
+        edge1 = (int)ceil((double)in1);
+        edge0 = edge0 < 0 ? 0 : edge0;
+        edge1 = edge1 > in_size ? in_size : edge1;
+        if (edge1 <= edge0) { /* cannot happen for in0 < in1; keeps one sample */
+            edge1 = edge0 + 1;
+        }
+    }
     for (int i = 0; i < out_size; i++) {
         const double center = in0 + (i + 0.5) * scale;
         /* Pillow rounds the window's ends by adding 0.5 and truncating. */
         int lo = (int)(center - support + 0.5);
         int hi = (int)(center + support + 0.5);
-        if (lo < 0) {
-            lo = 0;
+        if (lo < edge0) {
+            lo = edge0;
         }
-        if (hi > in_size) {
-            hi = in_size;
+        if (hi > edge1) {
+            hi = edge1;
         }
         if (hi - lo > ksize) { /* cannot happen for a valid box; keeps reads in the table */
             hi = lo + ksize;
         }
         if (hi <= lo) { /* cannot happen either; one tap keeps every count >= 1 */
-            lo = center < 1.0 ? 0 : (center >= in_size ? in_size - 1 : (int)center);
+            lo = center < edge0 + 1.0 ? edge0 : (center >= edge1 ? edge1 - 1 : (int)center);
             hi = lo + 1;
         }
         /* Weights are evaluated twice (sum, then value / sum) rather than

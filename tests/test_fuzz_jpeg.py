@@ -157,8 +157,9 @@ def test_mutated_jpegs_decode_or_raise_image_error():
         dec.decode_into(seed, (0, 0, height, width), a)
         _jpeg.Decoder().decode_into(seed, (0, 0, height, width), b)
         np.testing.assert_array_equal(a, b)
-    # Both outcomes are exercised (the fuzzer is not stuck on one path).
-    assert counts["ok"] > 200 and counts["error"] > 200, counts
+    # Both outcomes are exercised (the fuzzer is not stuck on one path); most
+    # mutants are refused, since libjpeg's corrupt-data warnings are errors.
+    assert counts["ok"] > 100 and counts["error"] > 1000, counts
 
 
 @needs_jpeg

@@ -3,7 +3,8 @@
  *
  * Each input is [8 bytes of geometry][JPEG bytes]: the geometry picks the box
  * (as fractions of the image the header declares), the output size (1-64 per
- * side), the output type (uint8 or float32) and the flip. The decoder must
+ * side), the output type (uint8 or float32), the flip and whether the resize
+ * stays within the box. The decoder must
  * return an error code or fill the output; guard bytes around the output must
  * stay untouched. With -fsanitize=address,undefined any read or write outside
  * a buffer in our C aborts the run (the system libjpeg itself is not
@@ -58,7 +59,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const double h = height * fh, w = width * fw;
     const double top = (height - h) * (geo[2] / 255.0), left = (width - w) * (geo[3] / 255.0);
     const int out_h = 1 + geo[4] % 64, out_w = 1 + geo[5] % 64;
-    const int as_float = geo[6] & 1, flip = (geo[6] >> 1) & 1;
+    const int as_float = geo[6] & 1, flip = (geo[6] >> 1) & 1, within = (geo[6] >> 2) & 1;
     const size_t elem = as_float ? sizeof(float) : 1;
     const size_t bytes = 3 * (size_t)out_h * (size_t)out_w * elem;
     uint8_t *buf = (uint8_t *)malloc(bytes + 2 * GUARD);
@@ -68,7 +69,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memset(buf, GUARD_BYTE, bytes + 2 * GUARD);
     int denom = 0, iw = 0, ih = 0;
     netcl_jpeg_decode(decoder, jpeg, n, top, left, h, w, NETCL_RESIZE_BOX_TOLERANCE, out_h, out_w,
-                      flip, as_float ? lut : NULL, buf + GUARD, &denom, &iw, &ih);
+                      flip, within, as_float ? lut : NULL, buf + GUARD, &denom, &iw, &ih);
     for (size_t i = 0; i < GUARD; i++) {
         if (buf[i] != GUARD_BYTE || buf[GUARD + bytes + i] != GUARD_BYTE) {
             abort(); /* wrote outside the output */

@@ -24,7 +24,7 @@ cdef extern from "netcl_resize.h" nogil:
     int netcl_resize_ksize(float in0, float in1, int out_size)
     size_t netcl_resize_axis_bytes(int ksize, int out_size)
     void netcl_resize_axis_init(netcl_resize_axis *axis, void *mem, int in_size,
-                                float in0, float in1, int out_size, int ksize)
+                                float in0, float in1, int out_size, int ksize, int within)
     size_t netcl_resize_work_bytes(int kx, int ky, int out_w, int in_w)
     void netcl_resize_build_lut(const float *mean, const float *std, float *lut)
     void netcl_resize_image(const netcl_resize_axis *x, const netcl_resize_axis *y,
@@ -40,6 +40,7 @@ cdef struct ResizeArgs:
     int out_h
     int out_w
     bint flip
+    bint crop_first     # interpolate within the box (crop, then resize)
     bint is_float       # float32 output (through the normalisation table), else uint8
     float mean[3]       # 0 and 1 when not given
     float std[3]
@@ -47,4 +48,4 @@ cdef struct ResizeArgs:
 
 
 cdef int check_resize_args(object box, object out, object flip, object mean, object std,
-                           ResizeArgs *args) except -1
+                           object crop_first, ResizeArgs *args) except -1

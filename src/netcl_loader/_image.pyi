@@ -30,6 +30,7 @@ def resize_into(
     flip: bool = False,
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
+    crop_first: bool = False,
 ) -> None: ...
 
 def _use_simd(allowed: bool) -> bool: ...

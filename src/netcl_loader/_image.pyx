@@ -152,7 +152,7 @@ cdef enum:
 
 
 cdef int check_resize_args(object box, object out, object flip, object mean, object std,
-                           ResizeArgs *args) except -1:
+                           object crop_first, ResizeArgs *args) except -1:
     """Parse and check the arguments every resize entry point shares.
 
     ``box`` = (top, left, height, width), finite, height and width > 0 (its
@@ -189,6 +189,7 @@ cdef int check_resize_args(object box, object out, object flip, object mean, obj
     args.out_h = out.shape[1]
     args.out_w = out.shape[2]
     args.flip = bool(flip)
+    args.crop_first = bool(crop_first)
     if out.dtype == np.float32:
         args.is_float = True
         out_f = out
@@ -241,7 +242,8 @@ def _use_simd(bint allowed):
     return bool(netcl_resize_have_avx2())
 
 
-def resize_into(const uint8_t[:, :, :] src, box, out, flip=False, mean=None, std=None):
+def resize_into(const uint8_t[:, :, :] src, box, out, flip=False, mean=None, std=None,
+                crop_first=False):
     """Resize the region ``box`` of ``src`` into ``out``, optionally flipped and normalised.
 
     Parameters
@@ -258,6 +260,14 @@ def resize_into(const uint8_t[:, :, :] src, box, out, flip=False, mean=None, std
     mean, std : 3 floats or None
         float32 output is ``(v / 255 - mean) / std`` per channel (mean 0 and
         std 1 when None); uint8 output takes neither.
+    crop_first : bool
+        Interpolate only within the box: the pixels the box overlaps are all
+        that is read, its edge pixels standing in for what lies beyond, as
+        cropping the box out and resizing the crop gives (torchvision's
+        ``RandomResizedCrop``). False (default) reads the neighbours just
+        outside the box too, as Pillow's ``resize(box=...)`` does (right for
+        a box cut from an image resized as a whole: ``Resize`` then
+        ``CenterCrop``).
 
     Notes
     -----
@@ -276,7 +286,7 @@ def resize_into(const uint8_t[:, :, :] src, box, out, flip=False, mean=None, std
     cdef size_t table_bytes, work_bytes
     cdef char *mem
     cdef float in0, in1
-    check_resize_args(box, out, flip, mean, std, &a)
+    check_resize_args(box, out, flip, mean, std, crop_first, &a)
     if src.shape[2] != NETCL_RESIZE_CHANNELS:
         raise ValueError(f"src must have shape (H, W, 3) (RGB), got "
                          f"({height}, {width}, {src.shape[2]})")
@@ -301,11 +311,11 @@ def resize_into(const uint8_t[:, :, :] src, box, out, flip=False, mean=None, std
                 netcl_resize_build_lut(a.mean, a.std, lut)
             in0 = <float>a.left
             in1 = <float>(a.left + a.width)
-            netcl_resize_axis_init(&ax, mem, <int>width, in0, in1, a.out_w, kx)
+            netcl_resize_axis_init(&ax, mem, <int>width, in0, in1, a.out_w, kx, a.crop_first)
             in0 = <float>a.top
             in1 = <float>(a.top + a.height)
             netcl_resize_axis_init(&ay, mem + netcl_resize_axis_bytes(kx, a.out_w),
-                                   <int>height, in0, in1, a.out_h, ky)
+                                   <int>height, in0, in1, a.out_h, ky, a.crop_first)
             netcl_resize_image(&ax, &ay, &src[0, 0, 0], src.strides[0], src.strides[1],
                                src.strides[2], mem + table_bytes, a.flip,
                                lut if a.is_float else NULL, a.out)

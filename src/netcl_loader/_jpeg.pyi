@@ -24,6 +24,7 @@ class Decoder:
         flip: bool = False,
         mean: Sequence[float] | None = None,
         std: Sequence[float] | None = None,
+        crop_first: bool = False,
     ) -> int: ...
 
 def _use_simd(allowed: bool) -> bool: ...

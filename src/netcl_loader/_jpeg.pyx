@@ -42,8 +42,8 @@ cdef extern from "netcl_jpeg.h" nogil:
                         int *height)
     int netcl_jpeg_decode(netcl_jpeg *d, const uint8_t *data, size_t size, double top,
                           double left, double height, double width, double tol, int out_h,
-                          int out_w, int flip, const float *lut, void *out, int *denom,
-                          int *image_width, int *image_height)
+                          int out_w, int flip, int crop_first, const float *lut, void *out,
+                          int *denom, int *image_width, int *image_height)
 
 
 HAVE_SCALE_CROP = bool(netcl_jpeg_have_scale_crop())
@@ -138,7 +138,8 @@ cdef class Decoder:
             self._raise(code)
         return width, height
 
-    def decode_into(self, const uint8_t[::1] data, box, out, flip=False, mean=None, std=None):
+    def decode_into(self, const uint8_t[::1] data, box, out, flip=False, mean=None, std=None,
+                    crop_first=False):
         """Decode the region ``box`` of a JPEG, resized, into ``out``.
 
         Parameters
@@ -157,6 +158,11 @@ cdef class Decoder:
         mean, std : 3 floats or None
             float32 output is ``(v / 255 - mean) / std`` (0-1 scale); None
             means mean 0 and std 1. Not for uint8 output.
+        crop_first : bool
+            Interpolate only within the box (crop, then resize: torchvision's
+            ``RandomResizedCrop``); False reads the box's neighbours too
+            (Pillow's ``resize(box=...)``; ``Resize`` then ``CenterCrop``).
+            See ``resize_into``.
 
         Returns
         -------
@@ -167,8 +173,11 @@ cdef class Decoder:
         Raises
         ------
         ImageError
-            Not a JPEG, corrupt, truncated, or a colour layout other than
-            grey, YCbCr, RGB, CMYK or YCCK.
+            Not a JPEG, corrupt (libjpeg's warnings that the data is damaged
+            included), truncated, or a colour layout other than grey, YCbCr,
+            RGB, CMYK or YCCK. The whole file is checked, whatever the box:
+            the rows below it are entropy-decoded and the file read through
+            its end-of-image marker.
         ValueError
             Bad ``box``, ``out``, ``mean`` or ``std``; the box outside the image.
         """
@@ -176,7 +185,7 @@ cdef class Decoder:
         cdef int code, denom = 0, img_w = 0, img_h = 0
         cdef size_t size = data.shape[0]
         cdef const float *lut = NULL
-        check_resize_args(box, out, flip, mean, std, &a)
+        check_resize_args(box, out, flip, mean, std, crop_first, &a)
         if not _starts_with_soi(data):
             raise ImageError(_not_jpeg(data))
         # Entered before the lookup table is (re)built: another thread decoding
@@ -189,7 +198,8 @@ cdef class Decoder:
             with nogil:
                 code = netcl_jpeg_decode(self._d, &data[0], size, a.top, a.left, a.height,
                                          a.width, NETCL_RESIZE_BOX_TOLERANCE, a.out_h,
-                                         a.out_w, a.flip, lut, a.out, &denom, &img_w, &img_h)
+                                         a.out_w, a.flip, a.crop_first, lut, a.out, &denom,
+                                         &img_w, &img_h)
         finally:
             self._busy = False
         if code == NETCL_JPEG_EBOX:
