@@ -253,43 +253,6 @@ else:  # pragma: no cover - Windows, old macOS
             return f.readinto(memoryview(view))
 
 
-_EOI = b"\xff\xd9"
-
-
-def _jpeg_ends_early(data):
-    """Whether the JPEG in ``data`` (a uint8 array) ends without an end-of-image
-    marker (FF D9) after its first scan: the file was cut short.
-
-    The compiled decoder reads only the rows of the crop, so it meets a cut
-    only when the crop reaches the missing rows; this test finds it for every
-    crop, as Pillow (which always reads the whole file) does.  Inside the
-    scans FF is always followed by 00 or a restart marker, so the first FF D9
-    after the first SOS is the file's end.  Costs two byte reads for a file
-    that ends with FF D9; the header's segments are walked only otherwise.
-    """
-    n = len(data)
-    if n >= 2 and data[n - 2] == 0xFF and data[n - 1] == 0xD9:
-        return False
-    pos = 2   # after SOI
-    while pos + 4 <= n:
-        if data[pos] != 0xFF:
-            return False   # not a marker where one must be: the decoder says what is wrong
-        marker = int(data[pos + 1])
-        if marker == 0xFF:        # fill byte
-            pos += 1
-        elif marker == 0xDA:      # SOS: the scans start after its header
-            break
-        elif marker == 0x01 or 0xD0 <= marker <= 0xD8:   # markers without a length
-            pos += 2
-        elif marker == 0xD9:
-            return False
-        else:
-            pos += 2 + ((int(data[pos + 2]) << 8) | int(data[pos + 3]))
-    else:
-        return False       # cut inside the header: the decoder's own error names it
-    return bytes(data[pos:]).find(_EOI) < 0
-
-
 def _pillow_rgb(data):
     """Decode ``data`` with Pillow into an (H, W, 3) uint8 RGB array (ImageFileError
     with the reason, which the caller prefixes with the file's name)."""
@@ -369,6 +332,9 @@ class RandomResizedCrop:
 
     #: Uniform numbers drawn per sample: scale, log-ratio, top and left for each try.
     draws = 4 * CROP_TRIES
+    #: torchvision crops the box out, then resizes the crop: the resize reads
+    #: only the box's pixels, its edge pixels standing in for what lies beyond.
+    crop_first = True
 
     def __init__(self, size, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
         self.size = _size_pair(size, "RandomResizedCrop")
@@ -437,6 +403,9 @@ class CenterCrop:
     """
 
     draws = 0
+    #: The box is cut from the image resized as a whole, whose pixels at the
+    #: box's edges were interpolated from neighbours outside it: read them too.
+    crop_first = False
 
     def __init__(self, size, resize=None):
         self.size = _size_pair(size, "CenterCrop")
@@ -572,7 +541,11 @@ class _ImageDataset:
         (self.crop, self.flip, self.mean, self.std, self.output,
          self.on_error) = _checked_options(crop, flip, mean, std, output, on_error, what)
         self._compiled = _use_compiled()
-        self._bad = set()   # indices this process found unreadable (on_error="skip")
+        # Indices this process found unreadable (on_error="skip"), not tried
+        # again.  A file's failure never depends on the crop (the compiled
+        # decoder checks every file through to its end whatever the box, as
+        # Pillow does), so remembering it leaves every num_workers the same batches.
+        self._bad = set()
 
     # -- the subclass's part ----------------------------------------------------
     def _read(self, i, proc):  # pragma: no cover - abstract
@@ -675,7 +648,7 @@ class _ImageDataset:
             except (OSError, ImageFileError) as exc:
                 if self.on_error == "raise" or _not_the_files_fault(exc):
                     raise
-                self._remember_bad(i, exc)
+                self._bad.add(i)
         # on_error="skip": the next readable file in dataset order (i + 1, i + 2,
         # ..., wrapping around), with this row's random numbers.  It depends only
         # on the dataset, so every num_workers and a resume give the same.
@@ -689,22 +662,13 @@ class _ImageDataset:
             except (OSError, ImageFileError) as exc:
                 if _not_the_files_fault(exc):
                     raise
-                self._remember_bad(k, exc)
+                self._bad.add(k)
                 continue
             _worker.count_skipped()
             return k
         raise ImageFileError(f"{type(self).__name__}: none of its {n} files could be read as "
                              f"an image (on_error='skip' has nothing to replace "
                              f"{self._name(i)} with)")
-
-    def _remember_bad(self, i, exc):
-        # A file is remembered as bad (not tried again in this process) only
-        # when its failure does not depend on the crop: the compiled decoder
-        # decodes only the crop's rows, so an error met in some rows is not
-        # met by boxes elsewhere, and remembering it would make later batches
-        # depend on which batches this process made before (num_workers).
-        if not getattr(exc, "_netcl_crop_dependent", False):
-            self._bad.add(i)
 
     def _decode(self, i, u, out):
         proc = _here()
@@ -722,9 +686,6 @@ class _ImageDataset:
         if self._compiled:
             jpeg = _compiled_module()
             if jpeg.is_jpeg(data):
-                if _jpeg_ends_early(data):
-                    raise ImageFileError(f"{self._name(i)}: truncated JPEG data (the file ends "
-                                         f"without its end-of-image marker)")
                 dec = proc.jpeg_decoder()
                 try:
                     width, height = dec.info(data)
@@ -737,18 +698,17 @@ class _ImageDataset:
                         f"torchvision, refuses a file as a decompression bomb)")
                 box = self.crop.box(height, width, u)
                 try:
-                    dec.decode_into(data, box, out, flip, mean, std)
+                    dec.decode_into(data, box, out, flip, mean, std, self.crop.crop_first)
                 except jpeg.ImageError as exc:
-                    err = ImageFileError(f"{self._name(i)}: {exc}")
-                    err._netcl_crop_dependent = True
-                    raise err from None
+                    raise ImageFileError(f"{self._name(i)}: {exc}") from None
                 return
         try:
             src = _pillow_rgb(data)
         except ImageFileError as exc:
             raise ImageFileError(f"{self._name(i)}: {exc}") from None
         height, width = src.shape[:2]
-        _resize_kernel()(src, self.crop.box(height, width, u), out, flip, mean, std)
+        _resize_kernel()(src, self.crop.box(height, width, u), out, flip, mean, std,
+                         self.crop.crop_first)
 
     def _describe(self):
         return (f"{len(self)} images, crop={self.crop!r}, flip={self.flip}, "
@@ -819,8 +779,10 @@ class ImageFiles(_ImageDataset):
         with the same random crop draws, counted in ``loader.stats.skipped``.
         Which file replaces it depends only on the files and the draws, so
         every ``num_workers`` and a resumed epoch give the same.  A JPEG cut
-        short is found whatever the crop (its end-of-image marker is
-        missing), though only the crop's rows are decoded.
+        short or damaged anywhere is found whatever the crop, though only the
+        crop's rows are decoded in full (the rest is entropy-decoded and read
+        through its end-of-image marker), and libjpeg's warnings that the data
+        is corrupt count as errors.
 
     Notes
     -----
