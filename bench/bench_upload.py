@@ -90,13 +90,11 @@ STALL_MS = 1.0
 
 
 def pick_queue(platform_substring: str) -> cl.CommandQueue:
-    """A queue on the first device of the first platform whose name contains the substring."""
-    for platform in cl.get_platforms():
-        if platform_substring.lower() not in platform.name.lower():
-            continue
-        devices = platform.get_devices()
-        if devices:
-            return cl.CommandQueue(cl.Context([devices[0]]))
+    """A queue on the first usable device of the first platform whose name contains the substring."""
+    from netcl_loader import _opencl
+    for platform, device in _opencl.usable_devices()[0]:
+        if platform_substring.lower() in platform.name.lower():
+            return cl.CommandQueue(cl.Context([device]))
     sys.exit(f"no OpenCL device on a platform matching --platform={platform_substring!r}")
 
 

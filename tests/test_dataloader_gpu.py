@@ -171,9 +171,9 @@ def test_context_created_before_a_spawn_and_fork_pool_in_a_fresh_process():
     """A fresh interpreter: OpenCL first, then worker pools by fork and by spawn."""
     code = textwrap.dedent("""
         import numpy as np, pyopencl as cl
-        from netcl_loader import DataLoader, ArrayDataset
+        from netcl_loader import DataLoader, ArrayDataset, _opencl
         if __name__ == "__main__":
-            ctx = cl.Context([cl.get_platforms()[0].get_devices()[0]])
+            ctx = cl.Context([_opencl.usable_devices()[0][0][1]])
             q = cl.CommandQueue(ctx)
             x = np.arange(40 * 4, dtype=np.float32).reshape(40, 4)
             for method in ("fork", "spawn"):

@@ -172,7 +172,8 @@ def test_without_pyopencl_opencl_checks_skip_or_fail_when_required(tmp_path):
     checks = {c["name"]: c for c in json.loads(out.stdout)["checks"]}
     for name in ("opencl-devices", "opencl-kernels", "opencl-upload"):
         assert checks[name]["status"] == "FAIL", checks[name]
-        assert "pip install pyopencl pocl-binary-distribution" in checks[name]["remedy"]
+    # The remedy fits the cause: pyopencl itself is missing.
+    assert "pip install 'netcl-loader[pocl]'" in checks["opencl-devices"]["remedy"]
     assert "pyopencl is not installed" in checks["opencl-devices"]["figure"]
     assert all(c["status"] in (("PASS", "WARN") if n in MAY_WARN else ("PASS",))
                for n, c in checks.items() if not n.startswith("opencl"))
@@ -186,6 +187,112 @@ def test_without_pyopencl_opencl_checks_skip(tmp_path):
     for name in ("opencl-devices", "opencl-kernels", "opencl-upload"):
         assert checks[name][0] == "SKIP"
         assert "pyopencl is not installed" in checks[name][1]
+
+
+def _pocl_devices():
+    """The PoCL devices this machine lists, or a skip saying why there are none."""
+    cl = pytest.importorskip("pyopencl", reason="pyopencl is not installed (the 'pocl' extra)")
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error as exc:
+        pytest.skip(f"no OpenCL platform: {exc}")
+    found = [d for p in platforms if "PoCL" in p.version for d in p.get_devices()]
+    if not found:
+        pytest.skip("no PoCL device here: POCL_EXTRA_BUILD_FLAGS only breaks PoCL's builds")
+    return found
+
+
+def test_the_opencl_checks_pass_on_every_usable_device_and_name_the_unusable(tmp_path):
+    """On whatever the machine has (both PoCLs here; on Zen 5 the wheel's one is
+    listed and cannot build): the checks run on a device that builds, and any
+    listed device that cannot is named with its platform version."""
+    _pocl_devices()
+    from netcl_loader import _opencl
+    usable, unusable = _opencl.usable_devices(warn=False)
+    out = _run(["--quick", "--require-opencl", "--json"], tmp_path)
+    checks = {c["name"]: c for c in json.loads(out.stdout)["checks"]}
+    if not usable:
+        assert checks["opencl-devices"]["status"] == "FAIL"
+        return
+    for name in ("opencl-devices", "opencl-kernels", "opencl-upload"):
+        assert checks[name]["status"] == "PASS", checks[name]
+    figure = checks["opencl-devices"]["figure"]
+    assert f"{len(usable)} usable device(s)" in figure
+    for u in unusable:
+        assert u.device.platform.version.strip() in figure and "skipped" in figure
+
+
+def test_every_device_failing_to_build_fails_the_selftest_with_the_cause(tmp_path):
+    """A real build failure on every listed device (an option PoCL refuses, set
+    through its own environment variable): FAIL, not SKIP, even without
+    --require-opencl; the cause names each device and its platform version, the
+    remedy the variable, and no remedy names what is installed."""
+    devices = _pocl_devices()
+    import os
+
+    import pyopencl as cl
+    if any("PoCL" not in p.version for p in cl.get_platforms()):
+        pytest.skip("a non-PoCL OpenCL device is present, and its builds ignore PoCL's variable")
+    env = dict(os.environ, POCL_EXTRA_BUILD_FLAGS="-cl-no-such-option", POCL_KERNEL_CACHE="0")
+    out = subprocess.run([sys.executable, "-m", "netcl_loader.selftest", "--quick", "--json"],
+                         capture_output=True, text=True, timeout=RUN_SECONDS, cwd=tmp_path,
+                         env=env)
+    assert out.returncode == 1, out.stdout + out.stderr
+    checks = {c["name"]: c for c in json.loads(out.stdout)["checks"]}
+    dev = checks["opencl-devices"]
+    assert dev["status"] == "FAIL", dev
+    assert "no usable OpenCL device" in dev["figure"]
+    for d in devices:
+        assert d.platform.version.strip() in dev["figure"]
+    assert "cannot build" not in dev["remedy"] and "POCL_EXTRA_BUILD_FLAGS" in dev["remedy"]
+    assert "pip install pyopencl" not in dev["remedy"]
+    for name in ("opencl-kernels", "opencl-upload"):
+        assert checks[name]["status"] in ("SKIP", "FAIL")
+
+
+def test_device_choice_warns_once_per_unusable_device_and_skips_it(tmp_path):
+    """In a process whose every PoCL build fails: usable_devices() warns once per
+    device (naming it, its platform version and the build error), not again on
+    a second call, and the tests' queue fixture and augment_gpu refuse clearly."""
+    _pocl_devices()
+    import os
+    code = textwrap.dedent("""
+        import warnings, pyopencl as cl
+        from netcl_loader import _opencl
+        with warnings.catch_warnings(record=True) as first:
+            warnings.simplefilter("always")
+            usable, unusable = _opencl.usable_devices()
+        with warnings.catch_warnings(record=True) as second:
+            warnings.simplefilter("always")
+            _opencl.usable_devices()
+        pocl = [u for u in unusable if "PoCL" in u.platform.version]
+        assert pocl and not [d for p, d in usable if "PoCL" in p.version], (usable, unusable)
+        assert len(first) == len(unusable), [str(w.message) for w in first]
+        assert not second, [str(w.message) for w in second]
+        for w, u in zip(first, unusable):
+            text = str(w.message)
+            assert issubclass(w.category, RuntimeWarning)
+            assert u.device.name.strip() in text and u.platform.version.strip() in text
+            assert "cannot build a program" in text and "build" in u.error.lower()
+        # augment_gpu on such a device: a RuntimeError naming it, not pyopencl's bare log.
+        import numpy as np, pyopencl.array as cl_array
+        from netcl_loader import augment_gpu
+        queue = cl.CommandQueue(cl.Context([pocl[0].device]))
+        x = cl_array.to_device(queue, np.zeros((1, 1, 2, 2), np.float32))
+        try:
+            augment_gpu.flip_horizontal(x, np.ones(1))
+        except RuntimeError as exc:
+            msg = str(exc)
+            assert pocl[0].device.name.strip() in msg and pocl[0].platform.version.strip() in msg, msg
+            assert "POCL_EXTRA_BUILD_FLAGS" in msg, msg
+        else:
+            raise AssertionError("the kernel built on a device that cannot build")
+        print("ok")
+    """)
+    env = dict(os.environ, POCL_EXTRA_BUILD_FLAGS="-cl-no-such-option", POCL_KERNEL_CACHE="0")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=RUN_SECONDS, cwd=tmp_path, env=env)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr
 
 
 def test_a_dataset_that_raises_fails_the_checks_that_use_it(tmp_path):

@@ -85,7 +85,20 @@ def _source(name: str) -> str:
 def _get_program(context, name: str, defines: tuple) -> cl.Program:
     source = _source("augment_common.cl") + "\n" + _source(name)
     options = [f"-D{key}={value}" for key, value in defines]
-    return cl.Program(context, source).build(options=options)
+    try:
+        return cl.Program(context, source).build(options=options)
+    except cl.Error as exc:
+        # A device may be listed and still unable to compile (the PoCL of
+        # pyopencl's wheels on CPUs its LLVM does not know): say which device
+        # and what to do, not only the compiler's log.
+        from netcl_loader import _opencl
+        device = context.devices[0]
+        unusable = [_opencl.Unusable(device.platform, device, f"{type(exc).__name__}: {exc}")]
+        raise RuntimeError(
+            f"the OpenCL kernels of netcl_loader.augment_gpu cannot be built on "
+            f"{_opencl.device_label(device)}: {_opencl.short_log(exc)}. Remedy: "
+            f"{_opencl.remedy(unusable)}; netcl_loader._opencl.usable_devices() lists the "
+            f"devices that build") from exc
 
 
 @cl_tools.context_dependent_memoize

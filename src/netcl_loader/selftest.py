@@ -34,6 +34,7 @@ import os
 import platform
 import signal
 import sys
+import warnings
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -52,8 +53,10 @@ REMEDY_EXTENSION = ("the compiled extensions are missing or broken: reinstall ne
 REMEDY_SHARED_MEMORY = ("shared memory is too small: raise the container's memory limit (docker "
                         "run --memory, the cgroup's memory.max) and its --shm-size, free memory, "
                         "or ask the loader for less (smaller batch_size or prefetch)")
-REMEDY_OPENCL = ("no usable OpenCL device: pip install pyopencl pocl-binary-distribution (a CPU "
-                 "device; or the 'pocl' extra), or install the GPU vendor's OpenCL driver")
+# For an OpenCL error past device choice; choice itself fits its remedy to the
+# cause (netcl_loader._opencl.remedy), never naming what is already installed.
+REMEDY_OPENCL = ("the OpenCL device failed during the check: update its driver (the GPU "
+                 "vendor's, or the distribution's PoCL), or report it with the output of --json")
 REMEDY_POOL = ("worker processes do not work here: check that processes may fork/spawn "
                "(ulimit -u, seccomp) and that the dataset module is importable; "
                "num_workers=0 works meanwhile")
@@ -1019,7 +1022,8 @@ def check_throughput(run):
 def _no_opencl(run, why):
     run.cl_why = why
     if run.require_opencl:
-        raise _Fail(why, REMEDY_OPENCL)
+        from netcl_loader import _opencl
+        raise _Fail(why, getattr(run, "cl_remedy", None) or _opencl.remedy())
     raise _Skip(why)
 
 
@@ -1035,21 +1039,31 @@ def check_opencl_devices(run):
         import pyopencl as cl
     except ImportError as exc:
         _no_opencl(run, f"pyopencl is not installed ({exc})")
+    from netcl_loader import _opencl
     try:
-        platforms = cl.get_platforms()
+        with warnings.catch_warnings():
+            # Told once here, in the check's own line, not as a stray warning.
+            warnings.simplefilter("ignore", RuntimeWarning)
+            usable, unusable = _opencl.usable_devices()
     except Exception as exc:  # no ICD loader or no platform: a pyopencl error
-        platforms = []
+        usable, unusable = [], []
         run.cl_why = f"no OpenCL platform ({exc})"
-    devices = [(p, d) for p in platforms for d in p.get_devices()]
-    if not devices:
+    skipped = "; ".join(f"{_opencl.device_label(u.device)} skipped: {u.error}" for u in unusable)
+    if not usable and unusable:
+        # Listed but unable to compile: a broken setup, never a quiet SKIP.
+        run.cl_why = "no usable OpenCL device (see opencl-devices)"
+        run.cl_remedy = _opencl.remedy(unusable)
+        raise _Fail(f"no usable OpenCL device: {skipped}", _opencl.remedy(unusable))
+    if not usable:
         _no_opencl(run, run.cl_why or "pyopencl found no OpenCL device")
-    gpus = [pd for pd in devices if pd[1].type & cl.device_type.GPU]
-    platform_, device = (gpus or devices)[0]
+    platform_, device = usable[0]
     ctx = cl.Context([device])
     run.cl_queue = cl.CommandQueue(ctx)
-    names = [f"{d.name.strip()} ({_device_kind(cl, d)}, {p.name.strip()})" for p, d in devices]
-    return (f"{len(devices)} device(s): {'; '.join(names)}; using {device.name.strip()}",
-            f"OpenCL {device.version.strip()}, driver {device.driver_version.strip()}")
+    names = [f"{d.name.strip()} ({_device_kind(cl, d)}, {p.version.strip()})" for p, d in usable]
+    figure = f"{len(usable)} usable device(s): {'; '.join(names)}; using {device.name.strip()}"
+    if unusable:
+        figure += f"; {len(unusable)} unusable ({skipped})"
+    return (figure, f"OpenCL {device.version.strip()}, driver {device.driver_version.strip()}")
 
 
 def _need_queue(run):
