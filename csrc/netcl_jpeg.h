@@ -8,7 +8,7 @@
  * netcl_jpeg_decode writes the region `box` of the full-resolution image
  * straight into a planar (3, out_h, out_w) float32 or uint8 buffer:
  *  - the largest DCT scale 1/d (d = 8, 4, 2, 1) that keeps the scaled box at
- *    least 1.25x the output size in both dimensions, in the samples of every
+ *    least 1.5x the output size in both dimensions, in the samples of every
  *    component (the chroma of 4:2:2, 4:4:0 or 4:1:1 holds fewer than the
  *    luma) (the IDCT does most of the shrinking for free; going further costs
  *    accuracy);

@@ -10,11 +10,25 @@ array's neighbours must stay untouched. ``.ci/asan`` runs this file with
 AddressSanitizer and UndefinedBehaviorSanitizer, which turn any read or
 write outside a buffer (in our C or in libjpeg) into a failure.
 
+The differential fuzz runs hundreds of mutated baseline and progressive JPEGs
+through Pillow (the reference: torchvision's loader) and through the
+datasets: every file Pillow refuses is refused with an ImageFileError naming
+it, whatever the crop; every file both decode agrees; the one listed
+difference is a file libjpeg decodes with a warning that its data is corrupt,
+which Pillow passes on as an image and the loader refuses.
+
 The resize kernel is fuzzed on geometry: boxes of every shape (1-pixel
 strips, boxes at the edges, beyond them by the rounding tolerance, fractional
 ones) to output sizes from 1 to several times the box.
 """
+import collections
+import io
+import os
+import re
+import shutil
 import struct
+import subprocess
+import warnings
 
 import numpy as np
 import pytest
@@ -22,7 +36,10 @@ import pytest
 from images_util import encode_jpeg, photo_region
 
 pytest.importorskip("PIL")
+from PIL import Image  # noqa: E402
+
 from netcl_loader import _image  # noqa: E402
+from netcl_loader.images import ImageFileError, ImageFiles, RandomResizedCrop  # noqa: E402
 
 try:
     from netcl_loader import _jpeg
@@ -230,3 +247,230 @@ def test_decode_geometry_fuzz():
         denom = dec.decode_into(data, box, guard[1:4], flip=bool(trial % 2))
         assert denom in (1, 2, 4, 8)
         assert (guard[0] == 3).all() and (guard[4] == 3).all()
+
+
+# --------------------------------------------------------------------------
+# Differential fuzz against Pillow
+
+#: Mutants per seed file of the differential fuzz (5 seeds: 3 baseline, 2
+#: progressive), a third of them with a marker written into the scan.
+DIFF_MUTANTS_PER_SEED = 120
+
+#: The difference from Pillow that the loader keeps, and why. libjpeg reports
+#: some damage only as a warning (emit_message at level -1) and decodes on,
+#: inventing what it could not read (grey or shifted blocks after a stray
+#: marker, a missing restart marker or cut data; garbage after bad Huffman
+#: codes; a file that ends before its end-of-image marker). Pillow ignores
+#: those warnings and returns the image (a file cut short only where its
+#: scans were complete included); the loader refuses it, as a strict
+#: libjpeg-turbo decode does (simplejpeg with strict=True), because such an
+#: image is not what the file held.
+STRICTER_THAN_PILLOW = re.compile(
+    r"corrupt JPEG data: (premature end of data segment|bad Huffman code|bad arithmetic code"
+    r"|\d+ extraneous bytes before marker 0x[0-9a-f]{2}"
+    r"|found marker 0x[0-9a-f]{2} instead of RST\d|Invalid SOS parameters for sequential JPEG"
+    r"|Inconsistent progression sequence for component \d+ coefficient \d+)$"
+    r"|truncated JPEG data \(Premature end of JPEG file\)$")
+
+#: Where both decode, the agreement asked (levels of 255): as everywhere.
+DIFF_MEAN_TOL = 2.0
+DIFF_MAX_TOL = 40
+
+
+def differential_seeds():
+    rng = np.random.default_rng(21)
+    return {
+        "baseline420": encode_jpeg(photo_region(rng, (96, 72)), quality=90),
+        "baseline444_restarts": encode_jpeg(photo_region(rng, (80, 64)), quality=92,
+                                            subsampling=0, restart_marker_blocks=2),
+        "baseline422": encode_jpeg(photo_region(rng, (88, 56)), quality=89, subsampling=1),
+        "progressive420": encode_jpeg(photo_region(rng, (96, 72)), quality=90, progressive=True),
+        "progressive444": encode_jpeg(photo_region(rng, (72, 80)), quality=93, subsampling=0,
+                                      progressive=True),
+    }
+
+
+def scan_start(data):
+    """Offset of the first byte of entropy-coded data (after the first SOS segment)."""
+    i = data.find(b"\xff\xda")
+    return i + 2 + ((data[i + 2] << 8) | data[i + 3])
+
+
+def with_marker_in_scan(data, pos, marker=0xC0):
+    """``data`` with the two bytes at ``pos`` (inside a scan) replaced by FF ``marker``."""
+    b = bytearray(data)
+    b[pos:pos + 2] = bytes([0xFF, marker])
+    return bytes(b)
+
+
+def mutate_scan(data, rng):
+    """A marker written over two bytes of the first scan's entropy-coded data."""
+    start = scan_start(data)
+    pos = int(rng.integers(start, len(data) - 2))
+    return with_marker_in_scan(data, pos, MARKERS[int(rng.integers(len(MARKERS)))])
+
+
+def pillow_decode(data):
+    """torchvision's loader: Image.open, load, convert("RGB"); (array, None) or
+    (None, why Pillow refused)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # DecompressionBombWarning for forged sizes
+            with Image.open(io.BytesIO(data)) as img:
+                img.load()
+                return np.asarray(img.convert("RGB")), None
+    except Exception as exc:  # noqa: BLE001 - Pillow fails in many ways on damaged files
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def whole_image(height, width):
+    """A crop whose box is the whole image (scale 1, any ratio), resized to (height, width)."""
+    return RandomResizedCrop((height, width), scale=(1, 1), ratio=(1e-3, 1e3))
+
+
+@needs_jpeg
+def test_differential_fuzz_against_pillow(tmp_path, capsys):
+    """Mutated baseline and progressive JPEGs through Pillow and through ImageFiles.
+
+    - Pillow refuses: refused here too, an ImageFileError naming the file,
+      with the whole image and with a small DCT-scaled crop alike.
+    - Both decode: within the tolerance (the same libjpeg arithmetic: equal).
+    - Pillow decodes, refused here: only with one of libjpeg's corrupt-data
+      warnings (STRICTER_THAN_PILLOW), and a strict libjpeg-turbo decode
+      (simplejpeg, where installed) refuses the same file.
+    """
+    try:
+        import simplejpeg
+    except ImportError:
+        simplejpeg = None
+    rng = np.random.default_rng(2027)
+    np.random.seed(2027)   # the crop's draws outside a loader (NumPy's global RNG)
+    seeds = differential_seeds()
+    dec = _jpeg.Decoder()
+    counts = collections.Counter()
+    reasons = collections.Counter()
+    worst = 0.0
+    for name, seed in seeds.items():
+        width, height = Image.open(io.BytesIO(seed)).size
+        paths, mutants = [], []
+        for k in range(DIFF_MUTANTS_PER_SEED):
+            data = mutate_scan(seed, rng) if k % 3 == 0 else mutate(seed, rng)
+            path = str(tmp_path / f"{name}-{k:03d}.jpg")
+            with open(path, "wb") as f:
+                f.write(data)
+            paths.append(path)
+            mutants.append(data)
+        ds = ImageFiles(paths, [0] * len(paths), crop=whole_image(height, width), flip=0,
+                        output="uint8")
+        for i, (path, data) in enumerate(zip(paths, mutants)):
+            counts["files"] += 1
+            ref, why = pillow_decode(data)
+            try:
+                got, error = ds[i][0], None
+            except ImageFileError as exc:
+                got, error = None, str(exc)
+                assert error.startswith(path + ": "), error
+            if ref is None:
+                counts["refused by Pillow"] += 1
+                assert error is not None, f"{path}: Pillow refuses it ({why}), decoded here"
+                counts["refused here"] += 1
+                if _jpeg.is_jpeg(data):
+                    # Refused whatever the crop: a corner of it, DCT-scaled.
+                    with pytest.raises(_jpeg.ImageError):
+                        w, h = dec.info(data)
+                        dec.decode_into(data, (0, 0, max(1, h // 3), max(1, w // 3)),
+                                        np.empty((3, 2, 2), np.uint8), crop_first=True)
+                continue
+            if error is not None:
+                counts["refused here"] += 1
+                counts["decoded by Pillow, refused here"] += 1
+                reason = error[len(path) + 2:]
+                assert STRICTER_THAN_PILLOW.match(reason), (
+                    f"{path}: Pillow decodes it, refused here for a reason not listed: {reason}")
+                reasons[re.sub(r"0x[0-9a-f]{2}|\d+", "N", reason)] += 1
+                if simplejpeg is not None:
+                    with pytest.raises(ValueError):
+                        simplejpeg.decode_jpeg(data, strict=True)
+                continue
+            counts["decoded by both"] += 1
+            pil = Image.fromarray(ref)
+            if pil.size != (width, height):   # a forged frame size: both resize it alike
+                pil = pil.resize((width, height), Image.BILINEAR)
+            d = np.abs(got.astype(np.int64) - np.asarray(pil).transpose(2, 0, 1))
+            assert d.mean() <= DIFF_MEAN_TOL and d.max() <= DIFF_MAX_TOL, (path, d.mean())
+            worst = max(worst, float(d.mean()))
+            # A scaled crop of a file decoded whole decodes too.
+            w, h = dec.info(data)
+            dec.decode_into(data, (0, 0, max(1, h // 3), max(1, w // 3)),
+                            np.empty((3, 2, 2), np.uint8), crop_first=True)
+    with capsys.disabled():
+        print(f"\ndifferential fuzz: {dict(counts)}, worst mean difference where both decode "
+              f"{worst:.3f} levels; refused here, decoded by Pillow: {dict(reasons)}")
+    # Each outcome is reached (the mutants are not all of one kind).
+    assert counts["refused by Pillow"] > 100 and counts["decoded by both"] > 10, counts
+    assert counts["decoded by Pillow, refused here"] > 10, counts
+
+
+@needs_jpeg
+@pytest.mark.parametrize("progressive", [False, True])
+def test_a_marker_written_into_the_scan_is_refused_for_every_crop(tmp_path, progressive):
+    """FF C0 in the entropy-coded data (near its start, middle or end): Pillow
+    says "broken data stream"; here an ImageFileError naming the file and
+    libjpeg's reason, for crops above and below the marker, scaled or not."""
+    data = encode_jpeg(photo_region(np.random.default_rng(4), (200, 150)), quality=90,
+                       progressive=progressive)
+    start, end = scan_start(data), data.rfind(b"\xff\xd9")
+    dec = _jpeg.Decoder()
+    boxes = [(0, 0, 20, 30), (130, 170, 20, 30), (0, 0, 150, 200), (60, 0, 30, 200)]
+    for frac in (0.05, 0.5, 0.95):
+        bad = with_marker_in_scan(data, start + int((end - start) * frac))
+        assert pillow_decode(bad)[0] is None
+        path = str(tmp_path / f"bad{frac}.jpg")
+        with open(path, "wb") as f:
+            f.write(bad)
+        for box in boxes:
+            for out_hw in [(8, 8), (64, 64)]:
+                with pytest.raises(_jpeg.ImageError, match="corrupt JPEG data"):
+                    dec.decode_into(bad, box, np.empty((3,) + out_hw, np.uint8))
+        ds = ImageFiles([path], [0], crop=RandomResizedCrop(16, scale=(0.01, 0.02)))
+        for _ in range(5):   # small boxes anywhere
+            with pytest.raises(ImageFileError, match=r"corrupt JPEG data: .+") as e:
+                ds[0]
+            assert path in str(e.value)
+
+
+@needs_jpeg
+@pytest.mark.skipif(shutil.which("jpegtran") is None,
+                    reason="jpegtran (libjpeg-turbo's tools) makes the arithmetic-coded files")
+def test_arithmetic_coded_jpegs_decode_as_pillow_decodes_them():
+    """libjpeg-turbo decodes arithmetic-coded JPEGs (SOF9, SOF10) and so do the
+    loader and Pillow (its own libjpeg-turbo): the rule is the library's, the
+    same pixels as the Huffman-coded original; damaged ones are refused where
+    Pillow refuses them, or libjpeg warns (a bad arithmetic code)."""
+    rng = np.random.default_rng(6)
+    original = encode_jpeg(photo_region(rng, (96, 72)), quality=90)
+    want = np.asarray(Image.open(io.BytesIO(original)).convert("RGB")).transpose(2, 0, 1)
+    dec = _jpeg.Decoder()
+    for opts in (["-arithmetic"], ["-arithmetic", "-progressive"]):
+        arith = subprocess.run(["jpegtran"] + opts, input=original, capture_output=True,
+                               check=True).stdout
+        assert (b"\xff\xca" if "-progressive" in opts else b"\xff\xc9") in arith
+        ref, why = pillow_decode(arith)
+        assert why is None
+        got = np.empty((3, 72, 96), np.uint8)
+        dec.decode_into(arith, (0, 0, 72, 96), got)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(got, ref.transpose(2, 0, 1))
+        for _ in range(60):
+            bad = mutate_scan(arith, rng) if rng.integers(2) else mutate(arith, rng)
+            ref, why = pillow_decode(bad)
+            try:
+                w, h = dec.info(bad)
+                dec.decode_into(bad, (0, 0, h, w), np.empty((3, 72, 96), np.uint8))
+                error = None
+            except _jpeg.ImageError as exc:
+                error = str(exc)
+            if ref is None:
+                assert error is not None, why
+            elif error is not None:
+                assert STRICTER_THAN_PILLOW.match(error), error

@@ -5,8 +5,12 @@ file, converts it to RGB and resizes the box with BILINEAR (antialiased when
 shrinking), then the flip and ToTensor/Normalize. Our decoder must agree
 within a mean absolute difference of 2 levels of 255 (and a bound on the
 largest one); unscaled decodes use Pillow's own arithmetic and agree exactly
-where Pillow resizes horizontally first. Test images are cut from the real
-photos scikit-learn ships and re-encoded with Pillow.
+where Pillow resizes horizontally first. A RandomResizedCrop box is cropped
+out first and then resized, as torchvision does (``crop_first``); a
+CenterCrop box is a region of the image resized whole (Pillow's
+``resize(box=...)``). Test images are cut from the real photos scikit-learn
+ships and re-encoded with Pillow (with simplejpeg for the chroma
+subsamplings Pillow cannot write, 4:4:0 and 4:1:1).
 """
 import io
 import threading
@@ -20,7 +24,9 @@ from images_util import encode_jpeg, photo_region, sample_photo
 PIL = pytest.importorskip("PIL")
 from PIL import Image  # noqa: E402
 
-from netcl_loader import _image  # noqa: E402
+from netcl_loader import DataLoader, _image  # noqa: E402
+from netcl_loader.images import (DECODER_ENV, CenterCrop, ImageFileError,  # noqa: E402
+                                 ImageFiles, RandomResizedCrop)
 
 try:
     from netcl_loader import _jpeg
@@ -170,8 +176,8 @@ def test_unscaled_decode_is_pillows_arithmetic(files, name):
     for trial in range(24):
         box = random_box(rng, height, width, integer=trial % 2 == 0)
         out_hw = (int(rng.integers(1, 2 * height)), int(rng.integers(1, 2 * width)))
-        if box[2] / 2 >= 1.25 * out_hw[0] and box[3] / 2 >= 1.25 * out_hw[1]:
-            out_hw = (int(box[2] / 2.5) + 1, out_hw[1])  # keep it unscaled
+        if box[2] / 2 >= 1.5 * out_hw[0] and box[3] / 2 >= 1.5 * out_hw[1]:
+            out_hw = (int(box[2] / 3) + 1, out_hw[1])  # keep it unscaled
         flip = trial % 3 == 0
         got, denom = decode(data, box, out_hw, flip=flip, dec=dec)
         assert denom == 1
@@ -234,14 +240,14 @@ def test_box_edges_may_stick_out_by_rounding(files):
     ("big", (0, 0, 857, 1283), (100, 150), 4),
     ("big", (0, 0, 857, 1283), (53, 61), 8),
     ("big", (100.5, 201.25, 700, 1000), (57, 113), 4),
-    ("big", (857 - 600, 1283 - 900, 600, 900), (224, 224), 2),   # bottom-right corner
+    ("big", (857 - 600, 1283 - 900, 600, 900), (190, 190), 2),   # bottom-right corner
     ("big", (0, 0, 500, 500), (31, 29), 8),                      # top-left corner
     ("big_progressive", (20, 30, 800, 1200), (224, 224), 2),
     ("big_progressive", (0, 283, 857, 1000), (64, 64), 8),
-    ("rgb420", (0, 0, 310, 410), (50, 70), 4),
+    ("rgb420", (0, 0, 310, 410), (50, 60), 4),
     ("grey", (0, 0, 311, 413), (37, 51), 4),
     ("cmyk", (10, 12, 300, 400), (70, 90), 2),
-    ("progressive", (0, 0, 310, 410), (31, 41), 8),
+    ("progressive", (0, 0, 310, 410), (25, 33), 8),
 ])
 def test_scaled_decode_close_to_pillow(files, name, box, out_hw, denom):
     data = files[name]
@@ -252,11 +258,11 @@ def test_scaled_decode_close_to_pillow(files, name, box, out_hw, denom):
         assert_close(got, reference_u8(pil, box, out_hw, flip), f"{name} {box} -> {out_hw}")
 
 
-def test_scale_choice_keeps_the_box_at_least_1_25x_the_output(files):
+def test_scale_choice_keeps_the_box_at_least_1_5x_the_output(files):
     data = files["big"]
-    for out_side, denom in [(600, 1), (343, 1), (342, 2), (172, 2), (171, 4), (86, 4),
-                            (85, 8), (10, 8)]:
-        # box height 857: denom d is used when 857 / d >= 1.25 * out (width is larger)
+    for out_side, denom in [(600, 1), (286, 1), (285, 2), (143, 2), (142, 4), (72, 4),
+                            (71, 8), (10, 8)]:
+        # box height 857: denom d is used when 857 / d >= 1.5 * out (width is larger)
         _, used = decode(data, (0, 0, 857, 1283), (out_side, out_side))
         assert used == denom, (out_side, used, denom)
 
@@ -607,3 +613,307 @@ def test_vector_and_scalar_code_give_the_same_bytes(files):
         _jpeg._use_simd(True)
     for a, b in zip(results[True], results[False]):
         np.testing.assert_array_equal(a, b)
+
+
+# --------------------------------------------------------------------------
+# Chroma subsampling and the DCT scale
+
+#: Each subsampling: how Pillow writes it (its ``subsampling`` value), or None
+#: where it cannot (then simplejpeg, libjpeg-turbo's encoder, does), the
+#: sampling factors (h, v) of the luma (the chroma's are 1, 1), and how many
+#: times fewer samples the chroma holds than the DCT-scaled luma at every
+#: scale 1/2 .. 1/8 (libjpeg's IDCT scaling makes up the rest).
+SUBSAMPLINGS = {
+    "4:4:4": (0, "444", (1, 1), (1, 1)),
+    "4:2:2": (1, "422", (2, 1), (2, 1)),
+    "4:2:0": (2, "420", (2, 2), (1, 1)),
+    "4:4:0": (None, "440", (1, 2), (1, 2)),
+    "4:1:1": (None, "411", (4, 1), (4, 1)),
+}
+OUT_SIDES = (32, 48, 64, 96, 112, 128, 160, 192, 224)
+
+
+def sampling_factors(data):
+    """(h, v) sampling factors of each component, from the frame header."""
+    i = data.find(b"\xff\xc0")
+    if i < 0:
+        i = data.find(b"\xff\xc2")
+    n = data[i + 9]
+    return [(data[i + 11 + 3 * c] >> 4, data[i + 11 + 3 * c] & 15) for c in range(n)]
+
+
+def subsampled_jpeg(image, name, quality=90):
+    pillow_value, simplejpeg_value, luma, _ = SUBSAMPLINGS[name]
+    if pillow_value is not None:
+        data = encode_jpeg(image, quality=quality, subsampling=pillow_value)
+    else:
+        simplejpeg = pytest.importorskip(
+            "simplejpeg", reason=f"Pillow cannot write {name}; simplejpeg makes the file")
+        data = simplejpeg.encode_jpeg(np.ascontiguousarray(image), quality=quality,
+                                      colorsubsampling=simplejpeg_value)
+    assert sampling_factors(data) == [luma, (1, 1), (1, 1)], name
+    return data
+
+
+def torchvision_center_crop(pil, cc):
+    """torchvision on PIL: Resize(cc.resize) of the whole image, then CenterCrop(cc.size)."""
+    w, h = pil.size
+    short, long = min(w, h), max(w, h)
+    new_short, new_long = cc.resize, int(cc.resize * long / short)
+    new_w, new_h = (new_short, new_long) if w <= h else (new_long, new_short)
+    img = pil.resize((new_w, new_h), Image.BILINEAR)
+    ch, cw = cc.size
+    top, left = int(round((new_h - ch) / 2.0)), int(round((new_w - cw) / 2.0))
+    return np.asarray(img.crop((left, top, left + cw, top + ch))).transpose(2, 0, 1)
+
+
+def crop_then_resize(pil, box, out_hw):
+    """torchvision's RandomResizedCrop on PIL: crop the (integer) box, resize it."""
+    top, left, h, w = (int(v) for v in box)
+    img = pil.crop((left, top, left + w, top + h)).resize((out_hw[1], out_hw[0]),
+                                                          Image.BILINEAR)
+    return np.ascontiguousarray(np.asarray(img).transpose(2, 0, 1))
+
+
+@needs_jpeg
+@pytest.mark.parametrize("name", list(SUBSAMPLINGS))
+def test_dct_scaling_holds_the_tolerance_for_every_subsampling(name):
+    """640x427 photos in each subsampling, CenterCrop and RandomResizedCrop to
+    32 .. 224: within the tolerance of Pillow + torchvision's recipe at every
+    size (4:2:2, 4:4:0 and 4:1:1 scaled by the luma alone were off by up to
+    3.8 levels at 32)."""
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    dec = _jpeg.Decoder()
+    for photo in (0, 1):
+        data = subsampled_jpeg(sample_photo(photo), name)
+        pil = pillow_rgb(data)
+        width, height = pil.size
+        for side in OUT_SIDES:
+            cc = CenterCrop(side)
+            got, denom = decode(data, cc.box(height, width), (side, side), dec=dec)
+            assert_close(got, torchvision_center_crop(pil, cc),
+                         f"{name} photo {photo} CenterCrop({side}) at 1/{denom}")
+            rrc = RandomResizedCrop(side)
+            for _ in range(2):
+                box = rrc.get_params(height, width, rng)
+                out = np.empty((3, side, side), np.uint8)
+                denom = dec.decode_into(data, box, out, crop_first=True)
+                assert_close(out, crop_then_resize(pil, box, (side, side)),
+                             f"{name} photo {photo} box {box} -> {side} at 1/{denom}")
+
+
+@needs_jpeg
+@pytest.mark.parametrize("name", list(SUBSAMPLINGS))
+def test_scale_choice_keeps_the_chroma_samples_at_least_1_5x_the_output(name):
+    """The scale 1/d is the largest with at least 1.5x the output in the
+    luma's samples (box / d) and in the chroma's (box / (d * fewer)), per axis."""
+    _, _, _, (fx, fy) = SUBSAMPLINGS[name]
+    data = subsampled_jpeg(sample_photo(1), name)
+    width, height = pillow_rgb(data).size
+    dec = _jpeg.Decoder()
+    seen = set()
+    for side in (12, 20, 27, 34, 40, 54, 68, 80, 107, 136, 171, 200, 214, 260, 342):
+        want = 1
+        for d in (8, 4, 2):
+            if (width / d >= 1.5 * side and height / d >= 1.5 * side
+                    and -(-width // (d * fx)) >= 1.5 * side
+                    and -(-height // (d * fy)) >= 1.5 * side):
+                want = d
+                break
+        got, denom = decode(data, (0, 0, height, width), (side, side), dec=dec)
+        assert denom == want, (name, side, denom, want)
+        seen.add(denom)
+    assert seen == {1, 2, 4, 8}
+
+
+# --------------------------------------------------------------------------
+# RandomResizedCrop crops first; CenterCrop reads the neighbours
+
+def tiny_jpegs(tmp_path):
+    rng = np.random.default_rng(12)
+    paths = []
+    for k, (w, h) in enumerate([(8, 8), (9, 12), (13, 10), (16, 16), (11, 15), (16, 9)]):
+        path = str(tmp_path / f"tiny{k}.jpg")
+        with open(path, "wb") as f:
+            f.write(encode_jpeg(photo_region(rng, (w, h)), quality=95))
+        paths.append(path)
+    return paths
+
+
+class RecordedCrop(RandomResizedCrop):
+    """RandomResizedCrop that keeps the boxes it draws (in this process)."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.boxes = []
+
+    def box(self, height, width, u):
+        b = super().box(height, width, u)
+        self.boxes.append(b)
+        return b
+
+
+@needs_jpeg
+def test_a_box_is_interpolated_within_itself_when_cropped_first(files):
+    """crop_first: equal to Pillow's crop then resize (enlarging and shrinking,
+    whole-pixel boxes); without it, Pillow's resize(box=) of the whole image,
+    which reads the pixels around the box."""
+    data = files["rgb444_odd"]
+    pil = pillow_rgb(data)
+    W, H = pil.size
+    rng = np.random.default_rng(8)
+    dec = _jpeg.Decoder()
+    apart = 0
+    for trial in range(30):
+        box = random_box(rng, H, W, integer=True)
+        if trial % 3 == 0:
+            box = (box[0], box[1], min(box[2], 12.0), min(box[3], 9.0))  # tiny: enlarged
+        out_hw = (int(rng.integers(4, 60)), int(rng.integers(4, 60)))
+        if box[2] / 2 >= 1.5 * out_hw[0] and box[3] / 2 >= 1.5 * out_hw[1]:
+            out_hw = (int(box[2] / 3) + 1, out_hw[1])  # keep it unscaled: Pillow's arithmetic
+        flip = trial % 2 == 1
+        within = np.empty((3,) + out_hw, np.uint8)
+        assert dec.decode_into(data, box, within, flip=flip, crop_first=True) == 1
+        want = crop_then_resize(pil, box, out_hw)
+        want = want[:, :, ::-1] if flip else want
+        assert levels(within, want).max() <= 1, (box, out_hw)
+        around, _ = decode(data, box, out_hw, flip=flip, dec=dec)
+        assert levels(around, reference_u8(pil, box, out_hw, flip)).max() <= 1, (box, out_hw)
+        apart += levels(within, around).mean() > 0.5
+    assert apart >= 5   # the two rules differ: this test tells them apart
+    # resize_into (the Pillow path's last pass) follows the same rule.
+    src = np.asarray(pil)
+    box, out_hw = (3, 5, 10, 7), (33, 29)
+    out = np.empty((3,) + out_hw, np.uint8)
+    _image.resize_into(src, box, out, crop_first=True)
+    assert levels(out, crop_then_resize(pil, box, out_hw)).max() <= 1
+
+
+@needs_jpeg
+@pytest.mark.parametrize("decoder", ["auto", "pillow"])
+def test_random_resized_crop_of_tiny_images_is_torchvisions_crop_then_resize(
+        tmp_path, monkeypatch, decoder):
+    """Images of 8x8 to 16x16 pixels (CIFAR-sized and below) through
+    ImageFiles with RandomResizedCrop, enlarging (32) and shrinking (5): equal
+    to torchvision v2's crop then resize of the same boxes, bilinear with
+    antialiasing, on the tensor of the file that Pillow decodes: within a
+    level where the box is decoded unscaled, within the tolerance where a box
+    of 15 pixels or more is shrunk to 5 at 1/2 scale."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setenv(DECODER_ENV, decoder)
+    np.random.seed(31)   # the crops' draws outside a loader come from NumPy's global RNG
+    paths = tiny_jpegs(tmp_path)
+    for side in (32, 5):
+        crop = RecordedCrop(side)
+        ds = ImageFiles(paths * 4, list(range(len(paths))) * 4, crop=crop, flip=0,
+                        output="uint8")
+        assert ds._compiled == (decoder == "auto")
+        images, _ = ds.gather_batch(np.arange(len(ds)), np.empty)
+        assert len(crop.boxes) == len(ds)
+        for k, (img, box) in enumerate(zip(images, crop.boxes)):
+            top, left, h, w = box
+            src = np.asarray(Image.open(paths[k % len(paths)]).convert("RGB"))
+            x = torch.from_numpy(np.ascontiguousarray(
+                src[top:top + h, left:left + w].transpose(2, 0, 1)))[None]
+            want = torch.nn.functional.interpolate(x, size=(side, side), mode="bilinear",
+                                                   antialias=True, align_corners=False)
+            d = levels(img, want[0].numpy())
+            what = (paths[k % len(paths)], box, side)
+            if decoder == "pillow" or min(h, w) < 2 * 1.5 * side:
+                # Unscaled; torch's uint8 kernel rounds its passes its own way.
+                assert d.max() <= 1 and d.mean() <= 0.5, what
+            else:
+                assert d.mean() <= MEAN_TOL and d.max() <= MAX_TOL, what
+
+
+@needs_jpeg
+def test_center_crop_of_tiny_images_reads_the_neighbours(tmp_path):
+    """CenterCrop stays Resize-then-CenterCrop: the crop's edge pixels were
+    interpolated from the pixels next to them."""
+    paths = tiny_jpegs(tmp_path)
+    cc = CenterCrop(12, resize=14)
+    ds = ImageFiles(paths, list(range(len(paths))), crop=cc, flip=0, output="uint8")
+    images, _ = ds.gather_batch(np.arange(len(ds)), np.empty)
+    for path, img in zip(paths, images):
+        want = torchvision_center_crop(Image.open(path).convert("RGB"), cc)
+        assert levels(img, want).mean() <= 0.5, path
+
+
+# --------------------------------------------------------------------------
+# Corrupt-data warnings are errors; metadata warnings are not
+
+@needs_jpeg
+def test_bytes_after_the_scan_are_an_error_pillow_ignores(files, tmp_path):
+    """Sixteen stray bytes before the end-of-image marker: libjpeg warns
+    ("extraneous bytes before marker 0xd9"; the few its bit buffer read ahead
+    are not counted), Pillow decodes; the loader refuses, naming the file and
+    libjpeg's message, for every crop, and on_error="skip" replaces and
+    counts it."""
+    good = files["rgb420"]
+    bad = good[:-2] + bytes(range(1, 17)) + b"\xff\xd9"
+    assert pillow_rgb(bad).size == (410, 310)
+    dec = _jpeg.Decoder()
+    for box in [(0, 0, 10, 10), (300, 400, 10, 10), (0, 0, 310, 410)]:
+        with pytest.raises(_jpeg.ImageError,
+                           match=r"corrupt JPEG data: \d+ extraneous bytes before marker 0xd9"):
+            dec.decode_into(bad, box, np.empty((3, 8, 8), np.uint8))
+    paths = [str(tmp_path / "bad.jpg"), str(tmp_path / "good.jpg")]
+    for path, data in zip(paths, [bad, good]):
+        with open(path, "wb") as f:
+            f.write(data)
+    with pytest.raises(ImageFileError, match="extraneous bytes") as e:
+        ImageFiles(paths, [0, 1], crop=CenterCrop(16))[0]
+    assert paths[0] in str(e.value)
+    ds = ImageFiles(paths, [0, 1], crop=CenterCrop(16), flip=0, on_error="skip",
+                    output="uint8")
+    with DataLoader(ds, batch_size=2, shuffle=False, num_workers=0) as dl:
+        (x, y), = [(np.array(a), np.array(b)) for a, b in dl]
+        assert y.tolist() == [1, 1] and dl.stats.skipped == 1
+        np.testing.assert_array_equal(x[0], x[1])
+
+
+@needs_jpeg
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_stray_marker_in_the_scan_is_skipped_and_counted(tmp_path, num_workers):
+    """The issue's file: FF C0 written into the entropy-coded data, below
+    every crop of the batch. on_error="raise" names it; "skip" replaces it by
+    the next file and counts it, the same for every num_workers."""
+    rng = np.random.default_rng(3)
+    paths = []
+    for k in range(4):
+        data = encode_jpeg(photo_region(rng, (160, 120)), quality=90)
+        if k == 1:
+            b = bytearray(data)
+            b[len(b) - 40:len(b) - 38] = b"\xff\xc0"   # in the scan's last rows
+            data = bytes(b)
+        paths.append(str(tmp_path / f"{k}.jpg"))
+        with open(paths[-1], "wb") as f:
+            f.write(data)
+    top = RandomResizedCrop(16, scale=(0.02, 0.05))
+    ds = ImageFiles(paths, [0, 1, 2, 3], crop=top, output="uint8")
+    with DataLoader(ds, batch_size=4, shuffle=False, num_workers=num_workers) as dl:
+        with pytest.raises(ImageFileError, match="corrupt JPEG data") as e:
+            list(dl)
+        assert paths[1] in str(e.value)
+    ds = ImageFiles(paths, [0, 1, 2, 3], crop=top, output="uint8", on_error="skip")
+    with DataLoader(ds, batch_size=4, sampler=[0, 1, 2, 3, 1, 1], num_workers=num_workers,
+                    seed=5) as dl:
+        labels = np.concatenate([np.array(y) for _, y in dl])
+        assert labels.tolist() == [0, 2, 2, 3, 2, 2] and dl.stats.skipped == 3
+
+
+@needs_jpeg
+def test_metadata_warnings_leave_the_image_as_pillow_decodes_it(files):
+    """An unknown JFIF revision and an unknown Adobe colour transform code are
+    warnings about metadata, not damage: the image decodes, equal to Pillow's."""
+    jfif = bytearray(files["rgb444_odd"])
+    at = jfif.find(b"JFIF\x00")
+    jfif[at + 5] = 2                      # JFIF major version 2
+    adobe = bytearray(files["cmyk"])
+    at = adobe.find(b"Adobe")
+    adobe[at + 11] = 7                    # transform code 7 (0, 1, 2 are defined)
+    for data in (bytes(jfif), bytes(adobe)):
+        pil = pillow_rgb(data)
+        W, H = pil.size
+        got, _ = decode(data, (0, 0, H, W), (H, W))
+        np.testing.assert_array_equal(got, np.asarray(pil).transpose(2, 0, 1))
