@@ -1,6 +1,7 @@
 """One epoch of batches: dispatching tasks, waiting for slots, delivering batches."""
 from __future__ import annotations
 
+import pickle
 import time
 from sys import getrefcount
 
@@ -10,7 +11,7 @@ from ._pool import WorkerError
 from ._slots import LEASE_NEXT_CALL, LEASE_REFS, LEASE_UPLOAD
 from ._errors import LoaderTimeout
 from ._order import Progress, numbered
-from ._protocol import BATCH, END, ERROR, ERROR_END, rebuild_error
+from ._protocol import BATCH, END, ERROR, ERROR_END, rebuild_error, start_seq
 from ._ring import GROW, PIPED, READY
 from ._tree import batch_len, read_only
 from ._worker import RngStates, StreamEnd
@@ -54,7 +55,7 @@ class EpochIterator:
     #: side by side); None: such an iteration just stops.
     superseded = None
 
-    def __init__(self, loader, epoch, prefix, extra, prestarted=False):
+    def __init__(self, loader, epoch, prefix, extra, prestarted=False, dataset_states=None):
         self.loader = loader
         self.stats = stats = loader._stats
         self.delivery = loader._delivery
@@ -86,6 +87,7 @@ class EpochIterator:
         self._tasks_left = True
         self.pool = None
         self.slots = None                # the pool's slot owner: everything about slots
+        self.dataset_states = None       # a Stateful dataset's states in the workers (_DatasetStates)
         if not prestarted:
             stats.begin_epoch(epoch)
         if loader.num_workers > 0:
@@ -95,10 +97,16 @@ class EpochIterator:
         if self.pool is not None:
             self.slots.begin(self.token)
             self.pool.reap()
+            if self.pool.stateful:
+                # Before any task: a state to load is queued ahead of them.
+                self.dataset_states = _DatasetStates(self.pool, self.token, loader.timeout,
+                                                     dataset_states)
             self._fill()
             self.pool.kick_all()  # the first batches start now (an early start's point)
         elif self.iterable:
             self.maker.start_stream(self.token)
+        elif dataset_states is not None and dataset_states[0] is not None:
+            self.maker.dataset.load_state_dict(pickle.loads(dataset_states[0]))
         if not prestarted:
             # Starting the pool and the first tasks is time the caller waits too.
             self._last = t0
@@ -233,6 +241,8 @@ class EpochIterator:
                 stats.grown_slots += 1
                 continue
             del self.pending[seq]
+            if self.dataset_states is not None:
+                self.dataset_states.after(wid, seq)  # the worker's dataset state after this batch
             t_decode = time.perf_counter()  # (for a piped batch: after it has arrived)
             if state == READY:
                 try:
@@ -260,7 +270,7 @@ class EpochIterator:
                     if not self.iterable:
                         self.progress.mark(seq)
                     self._fill()
-                    return rebuild_error(msg.payload)
+                    return rebuild_error(msg.payload, loader._torch_errors)
                 batch = self._upload_owned(self.delivery.owned(msg.payload))
             if self.iterable and self._replay:
                 self._replay -= 1  # yielded before the resume: made again, dropped
@@ -538,3 +548,53 @@ class EpochIterator:
             self._abandon()
         except Exception:
             pass
+
+
+class _DatasetStates:
+    """Where a Stateful dataset stands in each worker of one iteration, as the state
+    after the last batch delivered from that worker: what ``state_dict()`` saves,
+    so that each worker, resumed, makes the batches it would have made next.
+
+    A worker sends its dataset's state (pickled) when it starts the iteration
+    and after each batch it publishes (STATE results on its pipe); the main
+    process reads the one of a batch as it takes that batch.  A worker that has
+    delivered nothing yet stands at its start state, and one without a task in
+    this iteration where it stood before (a loaded state, or what its pool last
+    knew).
+    """
+
+    __slots__ = ("pool", "token", "timeout", "carried", "last", "start")
+
+    def __init__(self, pool, token, timeout, load):
+        self.pool, self.token, self.timeout = pool, token, timeout
+        pool.drop_states(token)  # older iterations' states: nobody asks for them
+        if load is not None and len(load) == len(pool.procs):
+            for wid, state in enumerate(load):
+                if state is not None:
+                    pool.load_state(wid, state)
+        self.carried = list(pool.dataset_states)
+        self.last = {}    # worker -> (seq, state) of the last batch delivered from it
+        self.start = {}   # worker -> its state when it started this iteration
+
+    def after(self, wid, seq):
+        """Read worker ``wid``'s state after batch ``seq`` (just taken)."""
+        state = self.pool.recv(wid, self.token, seq, self.timeout, state=True).payload
+        if state is not None and seq >= self.last.get(wid, (-1, None))[0]:
+            self.last[wid] = (seq, state)
+
+    def snapshot(self, pending=None):
+        """The state of each worker (pickled; None: unknown).  With ``pending`` (the
+        iteration's tasks in flight), a worker that has a task but has delivered
+        nothing yet is asked for its start state (waited for: it is sent as
+        the worker picks up its first task); without, only what is known."""
+        busy = {wid for slot, wid, _ in pending.values() if slot is not None} if pending else ()
+        out = []
+        for wid, carried in enumerate(self.carried):
+            if wid in self.last:
+                out.append(self.last[wid][1])
+                continue
+            if wid not in self.start and wid in busy:
+                msg = self.pool.recv(wid, self.token, start_seq(wid), self.timeout, state=True)
+                self.start[wid] = msg.payload
+            out.append(self.start.get(wid, carried))
+        return out

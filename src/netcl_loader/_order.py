@@ -128,7 +128,9 @@ def check_state(state, mine, n_batches, iterable):
     if state["version"] != STATE_VERSION:
         raise ValueError(f"cannot resume: state version {state['version']!r} is not "
                          f"{STATE_VERSION}")
-    for key in ("epoch", "batches_done", "seed"):
+    for key in ("epoch", "batches_done", "seed", "worker_generation"):
+        if key not in STATE_KEYS and state.get(key) is None:
+            continue  # an optional key (a state from an earlier version lacks it)
         if not _is_count(state[key]):
             raise ValueError(f"cannot resume: the state's {key} must be a non-negative int, "
                              f"got {state[key]!r}")

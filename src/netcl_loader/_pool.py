@@ -11,8 +11,9 @@ import weakref
 import numpy as np
 
 from ._errors import LoaderTimeout
-from ._protocol import (ENTRY_NO_ROOM, ENTRY_PIPED_TASK, ENTRY_REMAP, ENTRY_STOP, ENTRY_TASK,
-                        FLAG_PICKLED_INDICES, KIND_REMAP, KIND_TASK, TASK_HEADER, send_fd)
+from ._protocol import (ENTRY_LOAD_STATE, ENTRY_NO_ROOM, ENTRY_PIPED_TASK, ENTRY_REMAP,
+                        ENTRY_STOP, ENTRY_TASK, FLAG_PICKLED_INDICES, KIND_LOAD_STATE, KIND_REMAP,
+                        KIND_TASK, STATE, TASK_HEADER, send_fd)
 from ._worker import Lifeline, WorkerConfig, worker_loop
 from ._deadline import Deadline
 from ._slots import LEASE_NEXT_CALL, LEASE_REFS, LEASE_UPLOAD, NO_ITERATION, Slots
@@ -154,7 +155,10 @@ class Pool:
         self.ring = SharedBatchRingBuffer(nslots, 0, task_queues=W, index_bytes=8 * (per_task + 1))
         self.header = self.ring.header
         self.slots = Slots(self.ring)         # the one owner of every slot's life
-        self.stash = {}                       # (token, seq) -> payload received early
+        self.stash = {}                       # (token, seq, is a STATE) -> result received early
+        # A Stateful dataset's state in each worker as last known here (pickled,
+        # None: unknown), kept from one iteration to the next.
+        self.dataset_states = [None] * W
         self.procs, self.conns = [], []
         self.alive = True
         # Quietly queued tasks per worker, and how many make a wake worth it:
@@ -165,8 +169,10 @@ class Pool:
                               loader.worker_init_fn, loader.seed, loader.worker_seeding,
                               loader.rank, loader.world_size, loader._distributed,
                               loader.use_shared_mem, loader._batched, loader.batch_size,
-                              loader.drop_last, loader.iterable, loader._pools_started,
-                              loader._tuples_as_lists)
+                              loader.drop_last, loader.iterable, loader._generation,
+                              loader._tuples_as_lists, loader._keeps_dataset_state())
+        self.stateful = config.dataset_state  # its workers send their dataset's state
+        self.generation = config.generation   # its workers seed from (seed, generation)
         lifeline_r, self.lifeline = ctx.Pipe(duplex=False)
         _MAIN_ONLY_FDS.add(self.lifeline.fileno())
         # PR_SET_PDEATHSIG fires when the parent *thread* ends: only safe when
@@ -316,13 +322,14 @@ class Pool:
             self.push(wid, ENTRY_PIPED_TASK | slot)
         return slot
 
-    def recv(self, wid, token, seq, timeout=None):
-        """The pipe payload of batch ``seq`` of iteration ``token`` from worker ``wid``.
+    def recv(self, wid, token, seq, timeout=None, state=False):
+        """The pipe payload of batch ``seq`` of iteration ``token`` from worker ``wid``
+        (``state``: the STATE result that goes with it).
 
         Raises LoaderTimeout after ``timeout`` seconds (None: never), and
         WorkerError when the worker dies meanwhile.
         """
-        key = (token, seq)
+        key = (token, seq, state)
         if key in self.stash:
             return self.stash.pop(key)
         self.kick_all()
@@ -338,25 +345,42 @@ class Pool:
                 msg = conn.recv()
             except (EOFError, OSError):
                 self.lost(wid)
-            if (msg.token, msg.seq) == key:
+            got = (msg.token, msg.seq, msg.kind == STATE)
+            if got == key:
                 return msg
             # Another batch's payload, of this iteration or a stale one: its
-            # slot is PIPED and will ask for it (reap() for a stale one).
-            self.stash[(msg.token, msg.seq)] = msg
+            # slot is PIPED and will ask for it (reap() for a stale one).  A
+            # stale iteration's dataset state is asked for by nobody.
+            if not got[2] or msg.token == token:
+                self.stash[got] = msg
 
     def _stale_piped(self, task):
         """Stash what worker ``task[2]`` has sent so far; True once the payload of the
         stale batch ``task`` is in (it is dropped: nobody waits for it)."""
         token, seq, wid = task
-        key = (token, seq)
+        key = (token, seq, False)
         conn = self.conns[wid]
+        current = self.header.token()
         try:
             while key not in self.stash and conn.poll(0):
                 msg = conn.recv()
-                self.stash[(msg.token, msg.seq)] = msg
+                if msg.kind != STATE or msg.token == current:
+                    self.stash[(msg.token, msg.seq, msg.kind == STATE)] = msg
         except (EOFError, OSError):
             self.lost(wid)
         return self.stash.pop(key, None) is not None
+
+    def load_state(self, wid, state):
+        """Have worker ``wid`` load a dataset state (pickled) before its next task:
+        queued behind the tasks it has (an older iteration's), ahead of any later."""
+        self.send(wid, TASK_HEADER.pack(KIND_LOAD_STATE, 0, 0, len(state), 0, 0) + state)
+        self.push(wid, ENTRY_LOAD_STATE)
+        self.dataset_states[wid] = state
+
+    def drop_states(self, token):
+        """Forget the dataset states received early for iterations other than ``token``."""
+        for key in [k for k in self.stash if k[2] and k[0] != token]:
+            del self.stash[key]
 
     def _refuse(self, wid, slot):
         self.push(wid, ENTRY_NO_ROOM | slot)

@@ -9,6 +9,12 @@ or PIPED (a :class:`Result` follows on its pipe: an error record, the end of
 its stream, or any batch when shared memory is off).  A batch that does not
 fit its slot publishes GROW with the bytes it needs and waits: the main
 process grows the slot (a REMAP entry) or cannot (a NO_ROOM entry).
+
+A map-style dataset with torchdata's ``Stateful`` protocol
+(``state_dict``/``load_state_dict``) has its state sent by value on the
+pipe too (STATE results): once as the worker starts an iteration, and after
+every batch it publishes.  A state to load comes to the worker the same way
+(a LOAD_STATE entry), queued before the tasks it applies to.
 """
 from __future__ import annotations
 
@@ -33,12 +39,14 @@ ENTRY_PIPED_TASK = 1 << 24    # the task message waits on the worker's pipe
 ENTRY_REMAP = 2 << 24         # a new region for the slot waits on the pipe
 ENTRY_STOP = 3 << 24
 ENTRY_NO_ROOM = 4 << 24       # the slot could not grow: drop its task (the main process reports why)
+ENTRY_LOAD_STATE = 5 << 24    # a dataset state waits on the pipe: load it before the next task
 
 # Messages on a worker's pipe: a fixed header, then a payload.
 # kind, flags, token, seq (or bytes for a remap), slot, epoch
 TASK_HEADER = struct.Struct("<BBxxIQII")
 KIND_TASK = 1
 KIND_REMAP = 2
+KIND_LOAD_STATE = 3
 FLAG_PICKLED_INDICES = 1  # indices are not all ints: the payload is a pickle
 
 
@@ -47,6 +55,15 @@ BATCH = "batch"     # payload: the batch
 ERROR = "error"     # payload: an error_record
 ERROR_END = "error_end"  # an error_record of an error raised by a worker's stream, which ended it
 END = "end"         # the worker's stream of an iterable-style dataset has ended
+STATE = "state"     # payload: the pickled state_dict() of a Stateful dataset (None: none)
+
+
+def start_seq(worker_id):
+    """The ``seq`` of the STATE result worker ``worker_id`` sends as it starts an
+    iteration (before its first batch): negative, one per worker (results are
+    told apart by token and seq).  Any other STATE result follows the publish
+    of batch ``seq``."""
+    return -1 - worker_id
 
 
 def _rebuild_array(data, descr, shape):
@@ -140,17 +157,30 @@ def error_record(exc, indices, worker_id):
             continue
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     idx = indices.tolist() if isinstance(indices, np.ndarray) else list(indices)
-    return (exc_type, type(exc).__qualname__, tb, idx, worker_id, os.getpid())
+    # `exact`: the type itself travels (not only a base of it).
+    return (exc_type, type(exc).__qualname__, tb, idx, worker_id, os.getpid(),
+            exc_type is type(exc))
 
 
-def rebuild_error(record):
-    """The exception to raise in the main process for a worker's error record."""
-    exc_type, name, tb, indices, worker_id, pid = record
+def rebuild_error(record, torch_rule=False):
+    """The exception to raise in the main process for a worker's error record.
+
+    ``torch_rule`` (the PyTorch face): PyTorch's ``ExceptionWrapper.reraise``
+    rule, so that the same ``except`` clauses catch it: a type with a truthy
+    ``message`` attribute is built as ``type(message=msg)``, any other as
+    ``type(msg)``, and one that cannot be built that way, or whose class could
+    not travel from the worker (defined in a function, say), is a
+    RuntimeError with the worker's traceback.  Otherwise the nearest base
+    that can be built from the message stands in for the type.
+    """
+    exc_type, name, tb, indices, worker_id, pid, exact = record
     where = "the main process" if worker_id is None else f"DataLoader worker {worker_id} (pid {pid})"
     shown = indices if len(indices) <= 16 else indices[:16] + ["..."]
     what = (f"the batch of dataset indices {shown}" if indices else
             "a batch (from its stream of an iterable-style dataset, or before its first task)")
     msg = f"Caught {name} in {where} while loading {what}.\nOriginal traceback:\n{tb}"
+    if torch_rule:
+        return _torch_rebuilt(exc_type if exact else None, msg)
     # The type itself where it can be built from a message, else its nearest
     # base that can (NumPy's _ArrayMemoryError, whose constructor takes a
     # shape and a dtype, arrives as a MemoryError).
@@ -165,3 +195,21 @@ def rebuild_error(record):
         if isinstance(exc, BaseException):
             return exc
     return RuntimeError(msg)
+
+
+def _torch_rebuilt(exc_type, msg):
+    """``exc_type`` rebuilt from ``msg`` as PyTorch's ``ExceptionWrapper.reraise``
+    rebuilds it (an error raised by ``exc_type(message=msg)`` itself comes out,
+    as there); RuntimeError where it cannot be (``exc_type`` None: the class
+    did not travel)."""
+    if not isinstance(exc_type, type) or not issubclass(exc_type, BaseException):
+        return RuntimeError(msg)
+    if exc_type is KeyError:
+        msg = _KeyErrorMessage(msg)
+    elif getattr(exc_type, "message", None):
+        return exc_type(message=msg)
+    try:
+        exc = exc_type(msg)
+    except Exception:
+        return RuntimeError(msg)
+    return exc if isinstance(exc, BaseException) else RuntimeError(msg)

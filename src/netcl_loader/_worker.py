@@ -16,15 +16,16 @@ import numpy as np
 from ._collate import (array_as_tensor, collate, gather_rows, tensor_as_array,
                        tensor_dtype_info, torch_module)
 from ._options import WORKER_SEEDINGS  # noqa: F401  (how workers seed their RNGs)
-from ._protocol import (BATCH, END, ENTRY_KIND_MASK, ENTRY_NO_ROOM, ENTRY_PIPED_TASK,
-                        ENTRY_REMAP, ENTRY_SLOT_MASK, ENTRY_STOP, ENTRY_TASK, ERROR, ERROR_END,
-                        FLAG_PICKLED_INDICES, TASK_HEADER, Result, dumps, error_record, recv_fd)
+from ._protocol import (BATCH, END, ENTRY_KIND_MASK, ENTRY_LOAD_STATE, ENTRY_NO_ROOM,
+                        ENTRY_PIPED_TASK, ENTRY_REMAP, ENTRY_SLOT_MASK, ENTRY_STOP, ENTRY_TASK,
+                        ERROR, ERROR_END, FLAG_PICKLED_INDICES, STATE, TASK_HEADER, Result,
+                        dumps, error_record, recv_fd, start_seq)
 from ._ring import CANCELLED, GROW, PIPED
 from ._seed import batch_seed, fast_rngs
 from ._tree import torch_sample_structure, torch_structure
 from ._layout import SlotFull, SlotWriter
 
-__all__ = ["WorkerInfo", "get_worker_info", "worker_seed"]
+__all__ = ["WorkerInfo", "get_worker_info", "worker_seed", "is_stateful"]
 
 #: Milliseconds an idle worker sleeps on its queue before it looks again
 #: (the watchdog thread, not this wait, notices a dead main process).
@@ -245,6 +246,19 @@ def start_watchdog(lifeline):
     threading.Thread(target=_watch_parent, args=(lifeline, os.getppid()),
                      name="netcl_loader-watchdog", daemon=True).start()
     return True
+
+
+def is_stateful(dataset):
+    """True for a dataset with torchdata's ``Stateful`` protocol (callable
+    ``state_dict`` and ``load_state_dict``, what ``isinstance(d, Stateful)`` asks)."""
+    return (callable(getattr(dataset, "state_dict", None))
+            and callable(getattr(dataset, "load_state_dict", None)))
+
+
+def dataset_state(dataset):
+    """``dataset.state_dict()`` by value: pickled with plain pickle, so tensors in it
+    (an RNG state) travel as bytes, not as shared memory."""
+    return pickle.dumps(dataset.state_dict(), pickle.HIGHEST_PROTOCOL)
 
 
 class StreamEnd(Exception):
@@ -529,8 +543,9 @@ class WorkerConfig(NamedTuple):
     batch_size: int | None      # of an iterable-style stream's batches
     drop_last: bool             # iterable-style: drop each stream's last, smaller batch
     iterable: bool
-    generation: int             # pools the loader started before this one
+    generation: int             # the pool's seed generation (pools the loader started before it)
     torch_rules: bool = False   # batches and samples shaped as PyTorch's loader shapes them
+    dataset_state: bool = False  # a map-style Stateful dataset: its state goes to the main process
 
 
 class _Stop(Exception):
@@ -555,7 +570,7 @@ class _Tasks:
     """
 
     __slots__ = ("worker_id", "header", "conn", "ring", "segments", "capacities", "deferred",
-                 "unmapped")
+                 "unmapped", "load")
 
     def __init__(self, worker_id, header, conn, ring):
         self.worker_id = worker_id
@@ -568,6 +583,7 @@ class _Tasks:
         self.capacities = ring.capacities
         self.deferred = collections.deque()
         self.unmapped = {}  # slot -> SharedMemoryError: its grown region could not be mapped here
+        self.load = None    # a dataset state to load before the next task (LOAD_STATE), pickled
 
     def next(self):
         """``(slot, token, seq, epoch, indices)`` of the next task; raises _Stop or _PipeLost."""
@@ -621,6 +637,11 @@ class _Tasks:
         try:
             if kind == ENTRY_REMAP:
                 self._remap(slot)
+                return None
+            if kind == ENTRY_LOAD_STATE:
+                # Kept, not loaded: a batch may be half made (a wait for its slot
+                # to grow); the worker loads it before its next task.
+                self.load = self.conn.recv_bytes()[TASK_HEADER.size:]
                 return None
             if kind == ENTRY_PIPED_TASK:  # indices too long or not ints: on the pipe
                 msg = self.conn.recv_bytes()
@@ -737,6 +758,10 @@ def worker_loop(config, conn, ring, lifeline):
     else:
         init_error = None
     tasks = _Tasks(worker_id, header, conn, ring)
+    # A Stateful dataset: its state goes to the main process as this worker
+    # starts an iteration and after every batch it publishes (the main process
+    # keeps the one after the last batch it delivered from here).
+    stateful, started = config.dataset_state, None
 
     while True:
         try:
@@ -749,7 +774,11 @@ def worker_loop(config, conn, ring, lifeline):
             continue
         start = time.perf_counter_ns()
         maker.times = (0, 0, 0)
+        after = None  # the dataset's state after this batch (Stateful datasets)
         try:
+            if stateful and (tasks.load is not None or started != token):
+                starting, started = started != token, token
+                _start_state(config.dataset, tasks, conn, token, starting, worker_id)
             if init_error is not None:
                 raise_record, init_error = init_error, None
                 raise RuntimeError(f"worker_init_fn failed in DataLoader worker {worker_id}:\n"
@@ -766,9 +795,18 @@ def worker_loop(config, conn, ring, lifeline):
                 # not fit waits for the main process to grow the slot first.
                 space = _SlotSpace(tasks, slot)
                 batch = maker.make(indices, space.alloc)
+                if stateful:
+                    after = dataset_state(config.dataset)  # (its error is the batch's)
                 space.publish(batch, maker.times + (start,), maker.skipped)
+                if stateful:
+                    try:
+                        conn.send_bytes(dumps(Result(STATE, token, seq, after)))
+                    except (EOFError, OSError):
+                        return
                 continue
             batch = maker.make(indices, np.empty)
+            if stateful:
+                after = dataset_state(config.dataset)
             payload = Result(BATCH, token, seq, batch)
         except _NoRoom:
             ring.publish(slot, CANCELLED)  # the main process reported the shortage
@@ -782,6 +820,8 @@ def worker_loop(config, conn, ring, lifeline):
             # collate_fn or a transform does not.
             kind = ERROR_END if config.iterable and maker.stream is None else ERROR
             payload = Result(kind, token, seq, error_record(exc, indices, worker_id))
+            if stateful:
+                after = _state_or_none(config.dataset)
         # Publish first, then send: a large payload blocks in send until the
         # main process, woken by the publish, reads it.
         ring.publish(slot, PIPED, 0, maker.times + (start,), maker.skipped)
@@ -791,5 +831,30 @@ def worker_loop(config, conn, ring, lifeline):
             data = dumps(Result(ERROR, token, seq, error_record(exc, indices, worker_id)))
         try:
             conn.send_bytes(data)
+            if stateful:
+                conn.send_bytes(dumps(Result(STATE, token, seq, after)))
         except (EOFError, OSError):
             return
+
+
+def _state_or_none(dataset):
+    """The dataset's state by value, or None where ``state_dict()`` fails."""
+    try:
+        return dataset_state(dataset)
+    except Exception:
+        return None
+
+
+def _start_state(dataset, tasks, conn, token, starting, worker_id):
+    """A Stateful dataset as a task of iteration ``token`` begins: a state the main
+    process sent (LOAD_STATE) is loaded first, then, for the iteration's first
+    task, the state it starts from goes to the main process.  An error loading
+    it is the task's."""
+    load, tasks.load = tasks.load, None
+    try:
+        if load is not None:
+            dataset.load_state_dict(pickle.loads(load))
+    finally:
+        if starting:
+            conn.send_bytes(dumps(Result(STATE, token, start_seq(worker_id),
+                                          _state_or_none(dataset))))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import numbers
+import pickle
 import time
 import warnings
 import weakref
@@ -32,7 +33,7 @@ from ._order import (STATE_VERSION, check_state, global_order, group, index_batc
                      length_or_none, local_order, num_batches, shard_length)
 from ._pool import Pool, WorkerError
 from ._stats import LoaderStats
-from ._worker import BatchMaker
+from ._worker import BatchMaker, dataset_state, is_stateful
 from ._output import Delivery
 
 __all__ = ["DataLoader", "WorkerError", "LoaderStats", "LoaderTimeout"]
@@ -177,10 +178,18 @@ class DataLoader:
         self._pool = None
         self._pool_dataset = None
         self._pools_started = 0
+        # The seed generation of the next pool: each pool's workers seed from
+        # (seed, generation), as PyTorch draws new worker seeds for each pool;
+        # part of a state, so that a resumed run's pools seed as the original's.
+        self._generation = 0
         self._next_epoch = 0
         self._epoch_from_caller = False  # set_epoch()/load_state_dict() was called: forward it
         self._resume = None          # (epoch, done_prefix, extra_done) for the next iteration
         self._stopped = None         # where an iteration left before its end stopped (state_dict)
+        # A Stateful dataset's states (pickled, one per worker) that go with
+        # _resume (to be loaded) and with _stopped (where it stood).
+        self._resume_dataset = None
+        self._stopped_dataset = None
         self._prestarted = None      # (iterator, config) of the next epoch, started early
         self._active = None          # weakref to the running iterator
         self._token = 0
@@ -273,8 +282,8 @@ class DataLoader:
         self._next_epoch = int(epoch)
         self._epoch_from_caller = True
         if self._resume is not None and self._resume[0] != epoch:
-            self._resume = None
-        self._stopped = None
+            self._resume = self._resume_dataset = None
+        self._stopped = self._stopped_dataset = None
 
     # -- resume --------------------------------------------------------------
     def state_dict(self):
@@ -285,25 +294,70 @@ class DataLoader:
         iteration left before its end (``break``, :meth:`close`, a timeout, a
         dead worker) is reported where it stopped until the next one starts;
         after a finished epoch the state points at the next epoch.
+
+        A map-style dataset with torchdata's ``Stateful`` protocol
+        (``state_dict``/``load_state_dict``) has its state saved too, per
+        worker as ``StatefulDataLoader`` saves it (``"dataset_state"``): each
+        worker's dataset as it stood after the last batch delivered from that
+        worker (with ``num_workers=0``, the dataset's state now).  The state is
+        JSON-serialisable where the dataset's own state is.
         """
         it = self._active() if self._active is not None else None
+        datasets = None
         if self._resume is not None:
             # A loaded state wins over an old iterator still alive: it is
             # where the next iteration starts.
             epoch, prefix, extra = self._resume
             extra = sorted(extra)
+            datasets = self._resume_dataset
         elif it is not None and not it.finished:
             epoch, prefix, extra = it.epoch, it.done_prefix, sorted(it.done_extra)
+            if it.dataset_states is not None:
+                datasets = it.dataset_states.snapshot(it.pending)
         elif self._stopped is not None:
             epoch, prefix, extra = self._stopped
             extra = sorted(extra)
+            datasets = self._stopped_dataset
         else:
             epoch, prefix, extra = self._next_epoch, 0, []
-        return {"version": STATE_VERSION, "epoch": int(epoch), "batches_done": int(prefix),
-                "extra_done": [int(x) for x in extra], "seed": self.seed,
-                "dataset_len": length_or_none(self.dataset), "batch_size": self.batch_size,
-                "drop_last": self.drop_last, "shuffle": self.shuffle,
-                "world_size": self.world_size, "rank": self.rank}
+            if self._pool is not None and self._pool.alive and self._pool.stateful:
+                datasets = self._pool.dataset_states  # where its workers stand
+        state = {"version": STATE_VERSION, "epoch": int(epoch), "batches_done": int(prefix),
+                 "extra_done": [int(x) for x in extra], **self._state_config(),
+                 "worker_generation": self._state_generation(it)}
+        if self._keeps_dataset_state():
+            if self.num_workers == 0 and datasets is None:
+                datasets = [dataset_state(self.dataset)]
+            if datasets is None:
+                datasets = [None] * self.num_workers  # workers not started: their first state
+            state["dataset_state"] = {
+                "num_workers": self.num_workers,
+                "workers": [None if s is None else pickle.loads(s) for s in datasets]}
+        return state
+
+    def _state_generation(self, it):
+        """The seed generation of the pool the state's iteration runs on (for a state
+        at the next epoch: the pool that epoch will run on)."""
+        pool = self._pool if self._pool is not None and self._pool.alive else None
+        if self._resume is None and it is not None and not it.finished and it.pool is not None:
+            return it.pool.generation
+        if pool is not None:
+            return pool.generation
+        if self._resume is None and self._stopped is not None and self._pools_started:
+            return self._generation - 1  # the pool it stopped on, ended since
+        return self._generation
+
+    def _state_config(self):
+        """The part of a state that says which loader it fits (checked at load)."""
+        return {"seed": self.seed, "dataset_len": length_or_none(self.dataset),
+                "batch_size": self.batch_size, "drop_last": self.drop_last,
+                "shuffle": self.shuffle, "world_size": self.world_size, "rank": self.rank}
+
+    def _keeps_dataset_state(self):
+        """A map-style dataset with torchdata's ``Stateful`` protocol: its state is
+        saved and restored per worker.  (An iterable-style one is resumed by
+        replaying its stream, which brings its state back by itself.)"""
+        return not self.iterable and is_stateful(self.dataset)
 
     def load_state_dict(self, state):
         """Continue from ``state`` (from :meth:`state_dict`) at the next iteration.
@@ -324,17 +378,51 @@ class DataLoader:
             n_batches = len(self)
         except TypeError:  # an iterable dataset without a length: resumed by replay
             n_batches = None
-        epoch, prefix, extra, seed = check_state(state, self.state_dict(), n_batches,
+        epoch, prefix, extra, seed = check_state(state, self._state_config(), n_batches,
                                                  self.iterable)
+        datasets = self._check_dataset_state(state.get("dataset_state"))
+        generation = state.get("worker_generation")  # (checked by check_state; older states lack it)
         # Everything is checked: only now does anything change.
         if seed != self.seed:
             self.seed = seed
             self._maker = self._new_maker()
             self._shutdown_pool()  # its workers seed from the old one
+        if generation is not None:
+            if self._pool is not None and self._pool.generation != generation:
+                self._shutdown_pool()  # its workers seed from another generation
+            if self._pool is None:
+                self._generation = int(generation)
         self._next_epoch = epoch
         self._epoch_from_caller = True
         self._resume = (epoch, prefix, extra)
-        self._stopped = None
+        self._resume_dataset = datasets
+        self._stopped = self._stopped_dataset = None
+
+    def _check_dataset_state(self, saved):
+        """The per-worker dataset states of a loaded state, pickled (None: none saved);
+        ValueError naming what does not fit."""
+        if saved is None:
+            return None
+        if (not isinstance(saved, dict) or not isinstance(saved.get("workers"), (list, tuple))
+                or not isinstance(saved.get("num_workers"), int)
+                or len(saved["workers"]) != max(1, saved["num_workers"])):
+            raise ValueError(f"cannot resume: the state's dataset_state must be a dict with "
+                             f"num_workers and one state per worker (from state_dict()), got "
+                             f"{saved!r:.200}")
+        if not self._keeps_dataset_state():
+            raise ValueError(f"cannot resume: the state holds the state of a dataset with "
+                             f"state_dict/load_state_dict, but this loader's dataset "
+                             f"({type(self.dataset).__name__}) has none to load it")
+        if saved["num_workers"] != self.num_workers:
+            raise ValueError(f"cannot resume: the state holds the dataset's state of each of "
+                             f"num_workers={saved['num_workers']} workers, but this loader has "
+                             f"num_workers={self.num_workers}; resume with the same num_workers")
+        try:
+            return [None if s is None else pickle.dumps(s, pickle.HIGHEST_PROTOCOL)
+                    for s in saved["workers"]]
+        except Exception as exc:
+            raise ValueError(f"cannot resume: the state's dataset_state does not pickle "
+                             f"(it goes to the workers by value): {exc}") from exc
 
     # -- GPU -------------------------------------------------------------------
     def bind_queue(self, queue, *, allocator=None):
@@ -389,6 +477,7 @@ class DataLoader:
             self._pool = Pool(self)
             self._pool_dataset = self.dataset
             self._pools_started += 1
+            self._generation += 1
         return self._pool
 
     def _new_maker(self):
@@ -417,6 +506,11 @@ class DataLoader:
     #: batch is made (see BatchMaker).
     _tuples_as_lists = False
 
+    #: A worker's exception is rebuilt by PyTorch's rule (set by the PyTorch
+    #: face: a type that cannot be rebuilt from its message is a RuntimeError);
+    #: otherwise its nearest base that can be stands in (see rebuild_error).
+    _torch_errors = False
+
     # -- what an epoch's iterator asks of its loader ----------------------------
     def _new_token(self):
         """The token of a new iteration: workers skip tasks of any other."""
@@ -427,8 +521,15 @@ class DataLoader:
         """Iterator ``it`` has ended: ``completed`` (its last batch delivered) starts the
         next epoch's first tasks now; otherwise where it stopped is kept for
         :meth:`state_dict`.  Either way a pool that is not persistent ends."""
+        if it.dataset_states is not None:
+            # What is known, without waiting: where the workers stand now.
+            known = it.dataset_states.snapshot()
+            if it.pool is self._pool:
+                self._pool.dataset_states = known
         if not completed:
             self._stopped = (it.epoch, it.done_prefix, set(it.done_extra))
+            if it.dataset_states is not None:
+                self._stopped_dataset = known
         self._end_epoch_pool()
         if completed:
             self._prestart(it.epoch + 1)
@@ -450,21 +551,23 @@ class DataLoader:
             epoch, prefix, extra = self._resume
         else:
             epoch, prefix, extra = self._next_epoch, 0, set()
-        it = self._take_prestarted(epoch) if not prefix and not extra else None
+        datasets = self._resume_dataset
+        fresh = not prefix and not extra and datasets is None
+        it = self._take_prestarted(epoch) if fresh else None
         if it is None:
             self._discard_prestarted()
             stopped = self._stopped
             try:
-                it = EpochIterator(self, epoch, prefix, extra)
+                it = EpochIterator(self, epoch, prefix, extra, dataset_states=datasets)
             except BaseException:
                 # Nothing was consumed: a retried iter() starts this same epoch
                 # (and a loaded state is still to be resumed).
                 self._stopped = stopped
                 raise
         # Only once the iteration exists does the loader move on.
-        self._resume = None
+        self._resume = self._resume_dataset = None
         self._next_epoch = epoch + 1
-        self._stopped = None
+        self._stopped = self._stopped_dataset = None
         self._active = weakref.ref(it)
         return it
 

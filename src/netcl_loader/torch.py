@@ -56,9 +56,11 @@ def random_split(dataset, lengths, generator=torch.default_generator):
 
 
 class _Engine(_engine.DataLoader):
-    """The engine under the PyTorch face: batches shaped as ``default_collate`` shapes them."""
+    """The engine under the PyTorch face: batches shaped as ``default_collate`` shapes them,
+    workers' exceptions rebuilt as PyTorch rebuilds them."""
 
     _tuples_as_lists = True
+    _torch_errors = True
 
 
 #: Attributes whose assignment changes what the engine does: the engine is
@@ -72,7 +74,8 @@ _ENGINE_FED = frozenset({
     "output", "worker_seeding"})
 
 #: The engine's position, carried over when it is rebuilt or unpickled.
-_POSITION = ("_next_epoch", "_epoch_from_caller", "_resume", "_stopped")
+_POSITION = ("_next_epoch", "_epoch_from_caller", "_resume", "_stopped", "_resume_dataset",
+             "_stopped_dataset", "_generation")
 
 
 class EngineOrderSampler:
@@ -472,10 +475,12 @@ rank, world_size
         old = eng._active() if eng._active is not None else None
         if old is not None and (old.finished or old.prestarted or _delivered_all(old)):
             old = None
-        if old is not None and not isinstance(eng.dataset, IterDataPipe):
+        if old is not None and not isinstance(eng.dataset, IterDataPipe) and eng._resume is None:
             # An unfinished iteration is still held (zip(loader, loader), the same
             # loader for training and for Lightning's mid-epoch validation): PyTorch
             # runs both, and so does this loader, the new one on an engine of its own.
+            # A loaded state is not that: the next iteration resumes it, on this
+            # engine, and the old one ends (as StatefulDataLoader drops its iterator).
             it = self._side_iteration(eng)
         else:
             it = self._main_iteration(eng, old)
@@ -548,8 +553,14 @@ rank, world_size
         if found is not None and found[1] is not None:
             gen = found[1]
             drawn = self.__dict__.get("_order_drawn")
-            mid_epoch = state["batches_done"] > 0 or bool(state["extra_done"])
-            if (mid_epoch and eng._resume is None and drawn is not None
+            # A state inside an iteration (running, or left before its end), at
+            # any point of it, its very start included: its order was drawn
+            # from the state kept when it began (workers draw the sampler at
+            # iter(), before any next()).  Otherwise the next iteration draws
+            # from the state the generator has now.
+            it = eng._active() if eng._active is not None else None
+            inside = (it is not None and not it.finished) or eng._stopped is not None
+            if (inside and eng._resume is None and drawn is not None
                     and drawn[0] is gen and drawn[1] == state["epoch"]):
                 raw = drawn[2]  # the epoch was drawn from this state
             else:
