@@ -19,7 +19,6 @@ import functools
 import multiprocessing
 import multiprocessing.context
 import numbers
-import sys
 import warnings
 from typing import TypeVar
 
@@ -34,15 +33,17 @@ from torch.utils.data.dataloader import (_DatasetKind, _get_distributed_settings
 from torch.utils.data.datapipes.datapipe import IterDataPipe, MapDataPipe
 from torch.utils.data.graph_settings import apply_random_seed, apply_sharding
 
+from . import _frameworks
 from . import dataloader as _engine
 from ._errors import LoaderTimeout
+from ._frameworks import TrainerMixin
 from ._options import is_iterable_dataset
 from ._order import global_order, local_order, shard_length
 from ._worker import get_worker_info  # re-exported, as torch.utils.data has it
 from .datasets import random_split as _random_split
 
-__all__ = ["DataLoader", "EngineOrderSampler", "LoaderTimeout", "get_worker_info",
-           "random_split"]
+__all__ = ["DataLoader", "EngineOrderSampler", "LoaderTimeout", "TrainerMixin",
+           "get_worker_info", "random_split"]
 
 
 def random_split(dataset, lengths, generator=torch.default_generator):
@@ -180,7 +181,8 @@ class _ShuffledOrder(EngineOrderSampler, RandomSampler):
 
 
 class _RankOrder(EngineOrderSampler, SequentialSampler):
-    """``shuffle=False`` with ``world_size > 1``: a ``SequentialSampler`` over this rank's share."""
+    """``shuffle=False``: a ``SequentialSampler`` over this rank's share (the whole
+    dataset with one rank), with the loader's ``set_epoch``."""
 
     _shuffle = False
 
@@ -250,7 +252,10 @@ pin_memory_device, in_order
         (an :class:`EngineOrderSampler`) that iterates in the loader's own
         order, and ``batch_sampler`` a ``BatchSampler`` over it.  The loader
         makes that order in its engine; a framework that rebuilds the loader
-        around them gets the same batches.
+        around them gets the same batches.  ``set_epoch`` of ``sampler``, of
+        ``batch_sampler`` (one the loader made) and of
+        ``batch_sampler.sampler`` sets the loader's epoch, wherever a framework
+        looks for it.
     seed, transforms, output, worker_seeding, use_shared_mem, zero_copy, prefetch, \
 rank, world_size
         This package's keywords, as given (``seed`` as drawn when omitted,
@@ -276,6 +281,10 @@ rank, world_size
     class, engine and all.  Accelerate's ``prepare()`` rebuilds every loader
     as PyTorch's own class: this one warns once and gives PyTorch's batches;
     to keep the engine, do not prepare it and pass ``rank``/``world_size``.
+    Hugging Face's Trainer builds its loaders on this one, sharded and resumed
+    exactly, with :class:`TrainerMixin`.  Iterated inside a ``torch.distributed``
+    process group of several processes without being sharded, it warns once
+    (per loader) that every rank sees every sample.
 
     Examples
     --------
@@ -353,16 +362,12 @@ rank, world_size
         built_in = sampler is None and batch_sampler is None and not eng.iterable
         if built_in:
             # The built-in order, as a sampler that iterates in it.
-            if shuffle:
-                order = _ShuffledOrder(dataset, eng, generator)
-            elif eng.world_size > 1:
-                order = _RankOrder(dataset, eng)
-            else:
-                order = None  # PyTorch's SequentialSampler is that order
-            if order is not None:
-                self._set_torch("sampler", order)
-                if batch_size is not None:
-                    self._set_torch("batch_sampler", BatchSampler(order, batch_size, drop_last))
+            # (Unshuffled too: a SequentialSampler whose set_epoch sets the loader's.)
+            order = (_ShuffledOrder(dataset, eng, generator) if shuffle
+                     else _RankOrder(dataset, eng))
+            self._set_torch("sampler", order)
+            if batch_size is not None:
+                self._set_torch("batch_sampler", BatchSampler(order, batch_size, drop_last))
         if prefetch is not None:
             self._set_torch("prefetch_factor", None)  # prefetch decides
         # This package's keywords, as attributes of their own name.
@@ -384,6 +389,11 @@ rank, world_size
                          zero_copy=zero_copy, prefetch=prefetch, rank=rank,
                          world_size=world_size, output=output, worker_seeding=worker_seeding)
         object.__setattr__(self, "_built_in", built_in)
+        # A batch sampler made here (not the user's) reaches the loader's epoch.
+        own_batches = batch_sampler is None and not eng.iterable
+        object.__setattr__(self, "_own_batch_sampler", own_batches)
+        if own_batches:
+            _frameworks.attach_batch_sampler_epoch(self)
         object.__setattr__(self, "_drawn_seed", eng.seed)
         object.__setattr__(self, "_engine", eng)
         object.__setattr__(self, "_stale", False)
@@ -488,9 +498,10 @@ rank, world_size
         if (self._dataset_kind == _DatasetKind.Iterable
                 and self._IterableDataset_len_called is not None):
             it = _LengthWarning(it, self)
-        gradient_state = _accelerate_gradient_state()
+        _frameworks.warn_if_unsharded(self)
+        gradient_state = _frameworks.accelerate_gradient_state()
         if gradient_state is not None:
-            it = _AccelerateEpoch(it, gradient_state)
+            it = _frameworks.AccelerateEpoch(it, gradient_state)
         return it
 
     def _main_iteration(self, eng, old):
@@ -686,6 +697,8 @@ rank, world_size
         # Not through __setattr__: PyTorch's rules are for callers.  The engine
         # (and with it the pool, lazily) is rebuilt at first use.
         self.__dict__.update(state)
+        if state.get("_own_batch_sampler"):
+            _frameworks.attach_batch_sampler_epoch(self)
 
     # -- Accelerate -------------------------------------------------------------
     @property
@@ -694,21 +707,7 @@ rank, world_size
         # with torch.utils.data.DataLoader.
         if self.__dict__.get("_accelerate_prepared"):
             return True
-        if self.world_size is not None and self.world_size > 1:
-            raise ValueError(
-                f"this netcl_loader.torch.DataLoader is already sharded (rank={self.rank}, "
-                f"world_size={self.world_size}); accelerate's prepare() would shard it again. "
-                f"Use it as it is, without prepare()")
-        warnings.warn(
-            "accelerate's prepare() rebuilds netcl_loader.torch.DataLoader as "
-            "torch.utils.data.DataLoader (it knows no other loader class): batches then come "
-            "from PyTorch's loader over this loader's dataset, sampler and collate_fn, and "
-            "netcl_loader's engine (shared-memory ring, transforms, output, seeding) does not "
-            "run. To keep the engine, do not pass the loader to prepare(): give it "
-            "rank=accelerator.process_index, world_size=accelerator.num_processes and a seed "
-            "(or rank, world_size = netcl_loader.distributed.from_env()).",
-            UserWarning, stacklevel=4)
-        return False
+        return _frameworks.accelerate_prepare_check(self)
 
     @_is_accelerate_prepared.setter
     def _is_accelerate_prepared(self, value):
@@ -872,83 +871,3 @@ class _LengthWarning:
 
     def __getattr__(self, name):
         return getattr(self._it, name)
-
-
-def _accelerate_gradient_state():
-    """Accelerate's ``GradientState`` when an ``Accelerator`` exists in this process, else None."""
-    state = sys.modules.get("accelerate.state")
-    gradient_state = getattr(state, "GradientState", None)
-    if gradient_state is None or not getattr(gradient_state, "_shared_state", None):
-        return None
-    try:
-        return gradient_state()
-    except Exception:
-        return None
-
-
-class _AccelerateEpoch:
-    """An iteration that tells Accelerate where the epoch ends, as its own loaders do.
-
-    Accelerate's gradient accumulation syncs at every ``gradient_accumulation_steps``-th
-    batch and at the last batch of the epoch; it learns of the last batch from
-    the loaders it prepared (``end_of_dataloader`` of the active one).  A loader
-    kept out of ``prepare()`` (to keep this engine) takes part the same way: it
-    is the active loader while it iterates, and says so at its last batch.
-    ``remainder`` is -1 (unknown): ``gather_for_metrics`` truncates nothing.
-    """
-
-    def __init__(self, it, gradient_state):
-        self._it = it
-        self._gradient_state = gradient_state
-        self.end_of_dataloader = False
-        self.remainder = -1
-        try:
-            self._left = len(it)
-        except TypeError:
-            self._left = None  # an iterable dataset without a length: one batch ahead
-        self._ahead = _NOTHING
-        gradient_state._add_dataloader(self)
-
-    def __iter__(self):
-        return self
-
-    def __len__(self):
-        return len(self._it)
-
-    def _end(self):
-        if self._gradient_state is not None:
-            self._gradient_state._remove_dataloader(self)
-            self._gradient_state = None
-
-    def __next__(self):
-        if self._left is not None:
-            try:
-                batch = next(self._it)
-            except StopIteration:
-                self._end()
-                raise
-            self._left -= 1
-            if self._left <= 0:
-                self.end_of_dataloader = True
-            return batch
-        if self._ahead is _NOTHING:
-            try:
-                self._ahead = next(self._it)
-            except StopIteration:
-                self._end()
-                raise
-        batch = self._ahead
-        try:
-            self._ahead = next(self._it)
-        except StopIteration:
-            self._ahead = _NOTHING
-            self._left = 0
-            self.end_of_dataloader = True
-        return batch
-
-    def __getattr__(self, name):
-        return getattr(self._it, name)
-
-
-#: No batch read ahead.
-_NOTHING = object()
