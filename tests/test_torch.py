@@ -1296,6 +1296,99 @@ def test_torch_face_timeout_is_caught_as_pytorchs_runtime_error():
     assert type(again) is type(got.value) and str(again) == str(got.value)
 
 
+class TwoArgs(ValueError):
+    """Cannot be rebuilt from one message: PyTorch raises RuntimeError for it."""
+
+    def __init__(self, code, detail):
+        super().__init__(f"{code}: {detail}")
+
+
+class WithMessage(Exception):
+    """A truthy ``message`` attribute: PyTorch rebuilds it as ``type(message=msg)``."""
+
+    message = "field"
+
+    def __init__(self, message):
+        super().__init__(message)
+
+
+def _local_exception_type():
+    class DefinedInAFunction(OSError):  # its class cannot travel from a worker (no pickle)
+        pass
+    return DefinedInAFunction
+
+
+class RaisesAt(tud.Dataset):
+    """Sample 2 raises ``make(2)``; the others are their index."""
+
+    def __init__(self, make):
+        self.make = make
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        if i == 2:
+            raise self.make(i)
+        return i
+
+
+#: What a worker raises, and the type the PyTorch face raises for it (torch's
+#: ExceptionWrapper.reraise): the same type where type(msg) builds it (or
+#: type(message=msg) where it has a message field), else RuntimeError.
+WORKER_ERRORS = {
+    "two_args": (lambda i: TwoArgs(7, f"sample {i} is bad"), RuntimeError),
+    "message_field": (lambda i: WithMessage(f"sample {i} is bad"), WithMessage),
+    "key_error": (lambda i: KeyError(f"sample {i} is bad"), KeyError),
+    "plain": (lambda i: ValueError(f"sample {i} is bad"), ValueError),
+}
+
+
+@pytest.mark.parametrize("case", list(WORKER_ERRORS))
+def test_worker_exception_is_rebuilt_by_pytorchs_rule_on_the_torch_face(case):
+    make, expected = WORKER_ERRORS[case]
+    kw = dict(batch_size=3, num_workers=1, timeout=BATCH_TIMEOUT_SECONDS)
+    with pytest.raises(Exception) as want:
+        next(iter(tud.DataLoader(RaisesAt(make), **kw)))
+    with TorchLoader(RaisesAt(make), **kw) as loader:
+        with pytest.raises(Exception) as got:
+            next(iter(loader))
+    assert type(want.value) is expected, want.value
+    assert type(got.value) is expected, got.value
+    msg = str(got.value)
+    assert "sample 2 is bad" in msg and "Traceback" in msg and type(make(2)).__name__ in msg, msg
+
+
+def test_worker_exception_of_a_class_defined_in_a_function_is_a_runtime_error():
+    """PyTorch's worker cannot send it at all (the class does not pickle) and its loader
+    times out, with RuntimeError; the face raises RuntimeError at once, with the
+    worker's traceback.  The NumPy face keeps its nearest-base rule (an OSError)."""
+    local = _local_exception_type()
+    make = lambda i: local(f"sample {i} is bad")  # noqa: E731
+    with pytest.raises(RuntimeError):
+        next(iter(tud.DataLoader(RaisesAt(make), batch_size=3, num_workers=1, timeout=2)))
+    kw = dict(batch_size=3, num_workers=1, timeout=BATCH_TIMEOUT_SECONDS)
+    with TorchLoader(RaisesAt(make), **kw) as loader:
+        with pytest.raises(RuntimeError) as got:
+            next(iter(loader))
+    assert type(got.value) is RuntimeError
+    msg = str(got.value)
+    assert "DefinedInAFunction" in msg and "sample 2 is bad" in msg and "Traceback" in msg, msg
+    with NetclLoader(RaisesAt(make), shuffle=False, **kw) as loader:
+        with pytest.raises(OSError) as numpy_face:
+            next(iter(loader))
+    assert type(numpy_face.value) is OSError and "sample 2 is bad" in str(numpy_face.value)
+
+
+def test_numpy_face_keeps_the_nearest_base_for_an_exception_not_rebuilt_from_a_message():
+    make = WORKER_ERRORS["two_args"][0]
+    with NetclLoader(RaisesAt(make), batch_size=3, shuffle=False, num_workers=1,
+                     timeout=BATCH_TIMEOUT_SECONDS) as loader:
+        with pytest.raises(ValueError) as got:
+            next(iter(loader))
+    assert type(got.value) is ValueError and "TwoArgs" in str(got.value)
+
+
 def test_torch_face_pickles_before_its_first_iteration_and_continues_its_order():
     import pickle
     ds = rows(N)  # sample i: (four i's, i)
