@@ -460,3 +460,229 @@ def test_resume_with_random_augmentations_is_exact(before, after):
         assert got == ref[1][:k], k
         assert rest == ref[1][k:], k
         assert following == ref[2], k
+
+
+# -- the PyTorch face against torch's DataLoader and torchdata's StatefulDataLoader -----
+
+def _torch_oracles():
+    """torch, torch.utils.data and torchdata's StatefulDataLoader (skips without them)."""
+    torch = pytest.importorskip("torch")
+    torchdata = pytest.importorskip("torchdata.stateful_dataloader")
+    from torch.utils import data as tud
+    return torch, tud, torchdata.StatefulDataLoader
+
+
+def _identity(batch):
+    return batch
+
+
+class DS100:
+    """Sample i is i (the issue's dataset)."""
+
+    def __len__(self):
+        return 100
+
+    def __getitem__(self, i):
+        return i
+
+
+class TorchDraws:
+    """torchdata's Stateful map dataset of its resume tests: sample i is a draw from
+    torch's RNG in the worker; its state is that RNG's state."""
+
+    def __init__(self, n=100):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import torch
+        return (i, int(torch.randint(1000, (1,))))
+
+    def state_dict(self):
+        import torch
+        return {"g": torch.get_rng_state()}
+
+    def load_state_dict(self, state):
+        import torch
+        torch.set_rng_state(state["g"])
+
+
+def _carried(state):
+    """A state as a checkpoint carries it (pickled, as torch.save does)."""
+    import pickle
+    return pickle.loads(pickle.dumps(state))
+
+
+@pytest.mark.parametrize("num_workers, persistent", [(0, False), (2, False), (2, True)])
+def test_torch_state_at_any_point_resumes_the_order_its_generator_sampler_drew(
+        num_workers, persistent):
+    """A RandomSampler(generator=g): a state taken after iter(), before any next(), or
+    k batches in, resumes in a new loader to exactly the rest of the batches PyTorch's
+    loader yields for that order; StatefulDataLoader resumes the same."""
+    torch, tud, StatefulDataLoader = _torch_oracles()
+    from netcl_loader.torch import DataLoader as TorchLoader
+
+    def make(cls):
+        g = torch.Generator()
+        g.manual_seed(13)
+        return cls(DS100(), num_workers=num_workers, batch_size=7, collate_fn=_identity,
+                   sampler=tud.RandomSampler(DS100(), generator=g),
+                   persistent_workers=persistent)
+    want = list(make(tud.DataLoader))
+    assert sorted(sum(want, [])) == list(range(100)) and want[0] != list(range(7))
+    for k in (0, 1, 10, len(want)):
+        for cls in (TorchLoader, StatefulDataLoader):
+            dl = make(cls)
+            it = iter(dl)
+            got = [next(it) for _ in range(k)]
+            state = dl.state_dict()
+            if cls is TorchLoader:
+                state = json.loads(json.dumps(state))  # the face's state is JSON
+            assert got + list(it) == want, (cls, k)
+            again = make(cls)
+            again.load_state_dict(_carried(state))
+            assert list(again) == want[k:], (cls.__name__, k)
+
+
+@pytest.mark.parametrize("num_workers, persistent", [(0, False), (3, False), (3, True)])
+def test_stateful_dataset_resumes_per_worker_as_statefuldataloader(num_workers, persistent):
+    """torchdata's Stateful protocol on the dataset: its state (here torch's RNG, drawn
+    from in __getitem__) is saved per worker and restored into each worker, so a new
+    loader resumed from a state taken at 0, 1 or 10 batches makes exactly the rest of
+    the epoch's draws, and the next epoch is the uninterrupted run's, as with
+    StatefulDataLoader."""
+    torch, tud, StatefulDataLoader = _torch_oracles()
+    from netcl_loader.torch import DataLoader as TorchLoader
+
+    def make(cls):
+        return cls(TorchDraws(), num_workers=num_workers, batch_size=7, collate_fn=_identity,
+                   persistent_workers=persistent)
+    for cls in (TorchLoader, StatefulDataLoader):
+        with_draws = list(make(cls))
+        assert [s[0] for b in with_draws for s in b] == list(range(100))
+        assert len({s[1] for b in with_draws for s in b}) > 50  # it does draw
+        for k in (0, 1, 10):
+            dl = make(cls)
+            it = iter(dl)
+            got = [next(it) for _ in range(k)]
+            state = dl.state_dict()
+            rest, following = list(it), list(dl)
+            again = make(cls)
+            again.load_state_dict(_carried(state))
+            assert list(again) == rest, (cls.__name__, k)
+            if cls is TorchLoader:  # (StatefulDataLoader seeds its next epoch anew)
+                assert list(again) == following, k
+                st = state["dataset_state"]
+                assert st["num_workers"] == num_workers and len(st["workers"]) == max(
+                    1, num_workers)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_stateful_dataset_state_at_the_start_reloads_into_the_same_loader(persistent):
+    """torchdata's snapshot-at-zero cases: a state taken right after iter() and loaded
+    into the same loader once the epoch is over gives that epoch again, draws
+    included (its workers' RNGs have moved on, or are new ones)."""
+    torch, tud, StatefulDataLoader = _torch_oracles()
+    from netcl_loader.torch import DataLoader as TorchLoader
+    for cls in (TorchLoader, StatefulDataLoader):
+        for shuffle in (False, True):
+            dl = cls(TorchDraws(), num_workers=3, shuffle=shuffle, collate_fn=_identity,
+                     persistent_workers=persistent)
+            it = iter(dl)
+            state = dl.state_dict()
+            want = list(it)
+            dl.load_state_dict(state)
+            assert list(dl) == want, (cls.__name__, shuffle)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_stateful_dataset_state_at_an_epoch_end_resumes_the_next_epoch(persistent):
+    """torchdata's snapshot-at-the-end case: the state after a finished epoch, loaded
+    into a new loader, gives the next epoch of the uninterrupted run (new workers seed
+    as the original's next ones did)."""
+    torch, tud, StatefulDataLoader = _torch_oracles()
+    from netcl_loader.torch import DataLoader as TorchLoader
+    for cls in (TorchLoader, StatefulDataLoader):
+        g = torch.Generator()
+
+        def make():
+            g.manual_seed(15)
+            return cls(TorchDraws(), num_workers=3, batch_size=4, collate_fn=_identity,
+                       generator=g, persistent_workers=persistent)
+        dl = make()
+        first = list(dl)
+        state = dl.state_dict()
+        want = list(dl)
+        assert want != first
+        again = make()
+        again.load_state_dict(_carried(state))
+        assert list(again) == want, cls.__name__
+
+
+def test_stateful_dataset_state_is_refused_where_it_cannot_be_restored():
+    """Per-worker states need as many workers (StatefulDataLoader asserts it) and a
+    dataset that can load them; a dataset without the protocol saves none."""
+    torch, tud, _ = _torch_oracles()
+    from netcl_loader.torch import DataLoader as TorchLoader
+    with TorchLoader(TorchDraws(), num_workers=3, batch_size=7) as dl:
+        it = iter(dl)
+        next(it)
+        state = _carried(dl.state_dict())
+    with TorchLoader(TorchDraws(), num_workers=2, batch_size=7) as other:
+        with pytest.raises(ValueError, match="num_workers=3.*num_workers=2"):
+            other.load_state_dict(state)
+    with TorchLoader(DS100(), num_workers=3, batch_size=7) as plain:
+        with pytest.raises(ValueError, match="DS100"):
+            plain.load_state_dict(state)
+        it = iter(plain)
+        next(it)
+        assert "dataset_state" not in plain.state_dict()
+
+
+def test_torch_face_iter_after_load_state_dict_resumes_with_the_old_iteration_held():
+    """load_state_dict() while an iteration is still held: the next iter() resumes the
+    loaded state (not a second iteration alongside), as StatefulDataLoader does."""
+    torch, tud, StatefulDataLoader = _torch_oracles()
+    from netcl_loader.torch import DataLoader as TorchLoader
+    for cls in (TorchLoader, StatefulDataLoader):
+        dl = cls(DS100(), batch_size=10, shuffle=True, collate_fn=_identity, num_workers=2)
+        it = iter(dl)
+        first = [next(it) for _ in range(4)]
+        dl.load_state_dict(dl.state_dict())
+        rest = list(dl)
+        assert len(rest) == 6 and sorted(sum(first + rest, [])) == list(range(100)), cls
+        del it
+
+
+class TorchDrawsNoState(TorchDraws):
+    """Draws from torch's RNG in the worker, without the Stateful protocol."""
+
+    state_dict = load_state_dict = None
+
+
+def test_torch_resumed_run_seeds_its_later_pools_as_the_original():
+    """Workers seed from (seed, pool generation), as PyTorch draws new seeds for every
+    pool (persistent_workers=False: every epoch): a state carries the generation, so
+    the epochs after a resumed one draw what the uninterrupted run drew, even for a
+    dataset that keeps no state of its own."""
+    _torch_oracles()
+    from netcl_loader.torch import DataLoader as TorchLoader
+
+    def make():
+        return TorchLoader(TorchDrawsNoState(40), num_workers=2, batch_size=4, seed=5,
+                           collate_fn=_identity)
+    dl = make()
+    epochs = [list(dl) for _ in range(3)]
+    assert epochs[1] != epochs[2]  # new seeds for each epoch's pool
+    dl = make()
+    list(dl)
+    it = iter(dl)
+    next(it), next(it)
+    state = json.loads(json.dumps(dl.state_dict()))
+    del it
+    again = make()
+    again.load_state_dict(state)
+    assert len(list(again)) == len(epochs[1]) - 2
+    assert list(again) == epochs[2]
