@@ -426,6 +426,241 @@ def test_tar_shards_need_labels_and_no_compression(tmp_path):
     assert str(cut) in str(e.value)
 
 
+def add_members(tf, members):
+    """Add ``(name, payload)`` members to the open tar ``tf`` (a name ending in / a folder)."""
+    for name, payload in members:
+        info = tarfile.TarInfo(name.rstrip("/"))
+        if name.endswith("/"):
+            info.type = tarfile.DIRTYPE
+            tf.addfile(info)
+            continue
+        info.size = len(payload)
+        tf.addfile(info, io.BytesIO(payload))
+
+
+def webdataset_samples(shards):
+    """What the webdataset package reads from ``shards``: ``(key, image suffix, image
+    bytes, label)`` of each sample with one image and a .cls, and the keys of the others."""
+    wds = pytest.importorskip("webdataset")
+    ours, others = [], []
+    for sample in wds.WebDataset([str(s) for s in shards], shardshuffle=False,
+                                 empty_check=False):
+        exts = [e for e in ("jpg", "jpeg", "png") if e in sample]
+        if exts and "cls" in sample:
+            ours.append((sample["__key__"], exts[0], sample[exts[0]], int(sample["cls"])))
+        else:
+            others.append(sample["__key__"])
+    return ours, others
+
+
+def tar_samples(tar):
+    """The same of a TarImages: key, suffix and bytes from its index, read by offset."""
+    from netcl_loader import images as im
+    out = []
+    for i in range(len(tar)):
+        shard, member = tar._name(i).rsplit(":", 1)
+        key, ext = member.rsplit(".", 1)
+        out.append((key, ext, bytes(tar._read(i, im._here())), int(tar.targets[i])))
+    return out
+
+
+def test_tar_samples_group_as_webdataset_groups_them(tmp_path):
+    """Consecutive members sharing a key are a sample, as the webdataset package reads
+    them: a key met again later (two shards appended into one) is a new sample; the key
+    is the name up to the first dot after its last slash (directories included, dots
+    in folder names kept); suffixes are lower-cased; a.seg.png is not an image."""
+    rng = np.random.default_rng(11)
+    jpgs = [encode_jpeg(photo_region(rng, (40 + 4 * k, 30))) for k in range(8)]
+    buf = io.BytesIO()
+    Image.fromarray(photo_region(rng, (36, 28))).save(buf, "PNG")
+    png = buf.getvalue()
+    first = tmp_path / "first.tar"
+    with tarfile.open(first, "w") as tf:
+        add_members(tf, [("a.jpg", jpgs[0]), ("a.cls", b"1"), ("b.jpg", jpgs[1]),
+                         ("b.cls", b"2\n")])
+    second = tmp_path / "second.tar"
+    with tarfile.open(second, "w") as tf:
+        add_members(tf, [
+            ("a.jpg", jpgs[2]), ("a.cls", b"3"),                       # the same key again
+            ("__meta__", b"{}"), ("train/", b""),                       # skipped by both
+            ("train/n01/c.jpg", jpgs[3]), ("train/n01/c.seg.png", png),
+            ("train/n01/c.cls", b"4"),
+            ("v1.2/d.JPEG", jpgs[4]), ("v1.2/d.CLS", b" 5 "),           # dot in the folder
+            ("x.y.png", png), ("x.y.cls", b"9"),                        # suffixes y.png, y.cls
+            ("notes.txt", b"not a sample of ours"),
+            ("e.png", png), ("e.cls", b"-6"),
+            ("f.jpeg", jpgs[5]), ("f.cls", b"7"),
+            ("g/.jpg", jpgs[6]), ("g/.cls", b"8"),                      # key "g/": no base name
+        ])
+    with tarfile.open(first, "a") as tf:   # appended as tar -A appends: one archive
+        with tarfile.open(second) as src:
+            for m in src:
+                tf.addfile(m, src.extractfile(m) if m.isfile() else None)
+    want, others = webdataset_samples([first])
+    assert [k for k, *_ in want] == ["a", "b", "a", "train/n01/c", "v1.2/d", "e", "f", "g/"]
+    assert others == ["x", "notes"]
+    tar = TarImages(first, crop=CenterCrop(16), flip=0, output="uint8")
+    assert tar_samples(tar) == want
+    assert len(tar) == 8 and tar.targets.tolist() == [1, 2, 3, 4, 5, -6, 7, 8]
+    # Several shards: numbered shard by shard, as WebDataset reads them in order.
+    both = TarImages([second, first], crop=CenterCrop(16), flip=0, output="uint8")
+    assert tar_samples(both) == webdataset_samples([second, first])[0]
+    # The samples decode (their offsets are the images'), through the loader too.
+    with DataLoader(tar, batch_size=8, shuffle=False, num_workers=2) as dl:
+        x, y = next(iter(dl))
+    np.testing.assert_array_equal(np.asarray(y), tar.targets)
+    np.testing.assert_array_equal(np.asarray(x)[2], tar[2][0])
+
+
+def test_tar_index_of_an_older_layout_is_rebuilt(folder, tmp_path):
+    """A cache written by an earlier version of the index (another grouping rule) is
+    not used: the index is built again and the cache replaced."""
+    from netcl_loader import images as im
+    ds = ImageFolder(folder, crop=CenterCrop(16))
+    shard = write_shards(ds, folder, tmp_path, per_shard=100)[0]
+    st = os.stat(shard)
+    stale = {"offset": np.zeros(1, np.int64), "size": np.ones(1, np.int64),
+             "label": np.zeros(1, np.int64), "keys": np.frombuffer(b"old", np.uint8),
+             "key_offsets": np.array([0, 3], np.int64), "ext": np.zeros(1, np.int8)}
+    np.savez(f"{shard}.idx.npz", stamp=np.array([st.st_size, st.st_mtime_ns,
+                                                 im._TAR_INDEX_VERSION - 1], np.int64), **stale)
+    tar = TarImages(shard, crop=CenterCrop(16))
+    assert len(tar) == len(ds)
+    np.testing.assert_array_equal(tar.targets, ds.targets)
+    with np.load(f"{shard}.idx.npz") as z:
+        assert z["stamp"][2] == im._TAR_INDEX_VERSION and len(z["offset"]) == len(ds)
+
+
+@pytest.mark.parametrize("text,what", [
+    (b"12345678901234567890", "outside int64"), (b"-9223372036854775809", "outside int64"),
+    (b"3.5", "not an integer"), (b"cat", "not an integer"), (b"", "not an integer"),
+])
+def test_a_cls_outside_int64_or_not_an_integer_names_shard_and_member(tmp_path, text, what):
+    data = encode_jpeg(photo_region(np.random.default_rng(0), (40, 30)))
+    shard = tmp_path / "labels.tar"
+    with tarfile.open(shard, "w") as tf:
+        add_members(tf, [("ok.jpg", data), ("ok.cls", b"9223372036854775807"),
+                         ("dir/k7.jpg", data), ("dir/k7.cls", text)])
+    with pytest.raises(ValueError, match=what) as e:
+        TarImages(shard)
+    assert type(e.value) is ValueError   # not OverflowError
+    assert str(shard) in str(e.value) and "dir/k7.cls" in str(e.value)
+
+
+def test_repeated_suffix_or_two_images_in_a_sample_name_the_member(tmp_path):
+    data = encode_jpeg(photo_region(np.random.default_rng(0), (40, 30)))
+    for members, what in (([("k.jpg", data), ("k.JPG", data), ("k.cls", b"1")],
+                           "k.JPG repeats the suffix 'jpg'"),
+                          ([("k.jpg", data), ("k.png", data), ("k.cls", b"1")],
+                           "two images"),
+                          ([("k.jpg", data), ("j.cls", b"1"), ("k.cls", b"1")],
+                           "sample 'k' has no label.*consecutive")):
+        shard = tmp_path / "s.tar"
+        with tarfile.open(shard, "w") as tf:
+            add_members(tf, members)
+        with pytest.raises(ValueError, match=what) as e:
+            TarImages(shard)
+        assert str(shard) in str(e.value)
+
+
+@pytest.mark.parametrize("value", [0, -1, True, 1.5, "1000", None])
+def test_max_file_bytes_must_be_a_positive_int(folder, tmp_path, value):
+    shards = write_shards(ImageFolder(folder), folder, tmp_path, per_shard=100)
+    paths = [str(p) for p in sorted(folder.glob("*/*.jpg"))]
+    for make, what in ((lambda: ImageFolder(folder, max_file_bytes=value), "ImageFolder"),
+                       (lambda: ImageFiles(paths, [0] * len(paths), max_file_bytes=value),
+                        "ImageFiles"),
+                       (lambda: TarImages(shards, max_file_bytes=value), "TarImages")):
+        with pytest.raises(ValueError, match=f"{what}: max_file_bytes must be a positive "
+                                             f"int.*got {value!r}"):
+            make()
+
+
+@pytest.fixture()
+def sized(tmp_path):
+    """Six JPEGs as files and as one shard; file 2 is the largest, by a margin."""
+    rng = np.random.default_rng(8)
+    datas = [encode_jpeg(photo_region(rng, (48, 36))) for _ in range(6)]
+    datas[2] = encode_jpeg(photo_region(rng, (400, 300)), quality=95)
+    paths = []
+    for k, data in enumerate(datas):
+        paths.append(str(tmp_path / f"f{k}.jpg"))
+        with open(paths[-1], "wb") as f:
+            f.write(data)
+    shard = tmp_path / "sized.tar"
+    with tarfile.open(shard, "w") as tf:
+        add_members(tf, [m for k, d in enumerate(datas)
+                         for m in ((f"s{k}.jpg", d), (f"s{k}.cls", str(k).encode()))])
+    bound = max(len(d) for k, d in enumerate(datas) if k != 2)
+    assert len(datas[2]) > bound
+    return paths, shard, datas, bound
+
+
+@pytest.mark.parametrize("kind", ["files", "tar"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_file_over_max_file_bytes_is_refused_before_it_is_read(sized, kind, num_workers):
+    paths, shard, datas, bound = sized
+    def make(**kw):
+        kw.update(crop=CenterCrop(16), flip=0, output="uint8")
+        if kind == "files":
+            return ImageFiles(paths, range(6), **kw)
+        return TarImages(shard, **kw)
+    ds = make(max_file_bytes=bound)
+    name = paths[2] if kind == "files" else f"{shard}:s2.jpg"
+    with DataLoader(ds, batch_size=3, shuffle=False, num_workers=num_workers) as dl:
+        with pytest.raises(ImageFileError, match="too large") as e:
+            list(dl)
+    assert f"{name}: " in str(e.value)
+    assert f"{len(datas[2])} bytes" in str(e.value) and f"max_file_bytes={bound}" in str(e.value)
+    # Skipped and counted like any bad file: 2 is replaced by 3.
+    skip = make(max_file_bytes=bound, on_error="skip")
+    with DataLoader(skip, batch_size=3, shuffle=False, num_workers=num_workers) as dl:
+        got = batches(dl)
+        assert dl.stats.skipped == 1
+    whole = make(max_file_bytes=len(datas[2]))   # a file of exactly the bound is read
+    want = whole.gather_batch([0, 1, 3, 3, 4, 5], np.empty)
+    np.testing.assert_array_equal(np.concatenate([b[0] for b in got]), want[0])
+    np.testing.assert_array_equal(np.concatenate([b[1] for b in got]), want[1])
+    assert make().max_file_bytes == 256 << 20   # the default
+
+
+@pytest.mark.parametrize("kind", ["files", "tar"])
+def test_the_read_buffer_shrinks_back_after_an_outsized_file(tmp_path, kind):
+    """A file larger than the buffer a process keeps (READ_BUFFER_KEEP) is read whole
+    and decoded, then the buffer goes back to its first size; a camera-sized file's
+    buffer is kept for the next one."""
+    from netcl_loader import images as im
+    rng = np.random.default_rng(2)
+    base = photo_region(rng, (600, 450))
+    big = np.kron(base, np.ones((6, 6, 1), np.uint8))          # 3600 x 2700 RGB: 29 MB as BMP
+    paths = [str(tmp_path / "big.bmp"), str(tmp_path / "small.jpg")]
+    Image.fromarray(big).save(paths[0])
+    camera = np.kron(photo_region(rng, (400, 300)), np.ones((4, 4, 1), np.uint8))
+    camera = np.clip(camera + rng.normal(0, 12, camera.shape), 0, 255).astype(np.uint8)
+    with open(paths[1], "wb") as f:
+        f.write(encode_jpeg(camera, quality=97))   # 1600 x 1200, a few MB
+    sizes = [os.path.getsize(p) for p in paths]
+    assert sizes[0] > im.READ_BUFFER_KEEP and im.READ_BUFFER_BYTES < sizes[1] < im.READ_BUFFER_KEEP
+    kw = dict(crop=CenterCrop(32), flip=0, output="uint8")
+    if kind == "files":
+        ds = ImageFiles(paths, [0, 1], **kw)
+    else:
+        shard = tmp_path / "big.tar"
+        with tarfile.open(shard, "w") as tf:
+            add_members(tf, [("big.png", open(paths[0], "rb").read()), ("big.cls", b"0"),
+                             ("small.jpg", open(paths[1], "rb").read()), ("small.cls", b"1")])
+        ds = TarImages(shard, **kw)
+    proc = im._here()
+    x, _ = ds[0]
+    assert len(proc.buf) == im.READ_BUFFER_BYTES   # the outsized buffer is gone
+    mean_abs, worst = levels(x, torchvision_v1_eval(paths[0], 36, 32))
+    assert mean_abs <= MEAN_ABS_LEVELS and worst <= MAX_LEVELS, (mean_abs, worst)
+    ds[1]
+    assert sizes[1] < len(proc.buf) <= im.READ_BUFFER_KEEP   # kept: the next photo needs it
+    ds[0]
+    assert len(proc.buf) == im.READ_BUFFER_BYTES
+
+
 # --------------------------------------------------------------------------
 # Crops against torchvision's recipe on Pillow
 

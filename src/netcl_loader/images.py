@@ -51,9 +51,16 @@ ON_ERRORS = ("raise", "skip")
 OUTPUTS = ("float32", "uint8")
 #: Tries of RandomResizedCrop's box before its fallback (torchvision's 10).
 CROP_TRIES = 10
-#: The read buffer each process starts with; it grows to the largest file
-#: read (one more read for a larger file, never a second buffer).
+#: The read buffer each process starts with; it grows to the file being read
+#: (one more read for a larger file, never a second buffer).
 READ_BUFFER_BYTES = 1 << 20
+#: The largest read buffer a process keeps between files: one grown past it
+#: for an outsized file is dropped after that file, back to READ_BUFFER_BYTES,
+#: so one 200 MB file does not hold 200 MB per worker for good.
+READ_BUFFER_KEEP = 16 << 20
+#: Default bound on a file's (or tar member's) size, checked before it is read:
+#: a photo is a few MB, a 700 MB file named .tif is not a training image.
+MAX_FILE_BYTES = 256 << 20
 #: Tar shards a process keeps open at once: datasets of thousands of shards
 #: (ImageNet as WebDataset: over a thousand) must not exhaust the worker's
 #: descriptors (1024 by default), which would fail every later read.
@@ -64,11 +71,20 @@ MAX_OPEN_SHARDS = 64
 MAX_PIXELS = 2 * 89_478_485
 #: Bytes shown of a file that is not an image, in its error message.
 _SHOWN_BYTES = 8
-#: WebDataset's sample key: the member name up to the first dot of its base name.
-_WDS_KEY = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
+#: WebDataset's sample key and suffix, its ``tariterators.base_plus_ext``
+#: regex exactly: the member name up to the first dot after its last slash
+#: (directories included in the key), and everything after that dot.
+_WDS_KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+#: Members WebDataset's ``tariterators.tar_file_iterator`` skips: names matching
+#: its ``skip_meta`` (``__...__`` at the start), and ``__*__`` at the top level.
+_WDS_META = re.compile(r"__[^/]*__($|/)")
 _TAR_IMAGE_EXTS = ("jpg", "jpeg", "png")
-#: Version of the cached tar index layout (bumped when it changes).
-_TAR_INDEX_VERSION = 1
+#: Version of the cached tar index (bumped when its layout or the grouping rule
+#: changes: a cache of another version is rebuilt).  2: samples grouped as
+#: WebDataset groups them (a key repeated later is a new sample).
+_TAR_INDEX_VERSION = 2
+#: The range of a ``.cls`` label (the labels are int64).
+_INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
 class ImageFileError(ValueError):
@@ -192,10 +208,19 @@ class _Process:
     def grow(self, nbytes, keep=0):
         """The read buffer, at least ``nbytes`` long, its first ``keep`` bytes kept."""
         if len(self.buf) < nbytes:
-            new = np.empty(1 << max(20, int(nbytes - 1).bit_length()), np.uint8)
+            size = 1 << max(20, int(nbytes - 1).bit_length())
+            # Past what is kept between files: exactly what is asked (it is
+            # dropped after this file, so rounding up would only waste memory).
+            new = np.empty(size if size <= READ_BUFFER_KEEP else int(nbytes), np.uint8)
             new[:keep] = self.buf[:keep]
             self.buf = new
         return self.buf
+
+    def shrink(self):
+        """After a file: a buffer grown past ``READ_BUFFER_KEEP`` goes back to
+        ``READ_BUFFER_BYTES`` (what the file's views still hold is freed with them)."""
+        if len(self.buf) > READ_BUFFER_KEEP:
+            self.buf = np.empty(READ_BUFFER_BYTES, np.uint8)
 
 
 _local = threading.local()
@@ -210,11 +235,14 @@ def _here():
     return p
 
 
-def _read_file(path, proc):
+def _read_file(path, proc, max_bytes=MAX_FILE_BYTES):
     """The bytes of file ``path`` (bytes), as a view of ``proc``'s read buffer.
 
     One ``open``, one ``preadv`` into the reused buffer (a second one only for
-    a file larger than the buffer), one ``close``.
+    a file larger than the buffer), one ``close``.  A file of more than
+    ``max_bytes`` (by its size before reading, or by what a file growing
+    meanwhile gives) is an ImageFileError, and no more than ``max_bytes + 1``
+    of it is read.
     """
     # O_NONBLOCK: opening a FIFO named like an image would otherwise wait for
     # a writer forever; it changes nothing for a regular file.
@@ -228,19 +256,33 @@ def _read_file(path, proc):
             kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
             raise ImageFileError(f"{os.fsdecode(path)}: {kind} (an image must be a regular "
                                  f"file)")
+        if st.st_size > max_bytes:
+            raise _too_large(os.fsdecode(path), st.st_size, max_bytes)
         # One byte more than the file's size: a read that fills the buffer means
-        # the file grew since fstat, and the loop reads on (keeping what it read).
+        # the file grew since fstat, and the loop reads on (keeping what it read),
+        # never past one byte more than max_bytes (which is enough to refuse it).
+        cap = max_bytes + 1
         buf = proc.grow(st.st_size + 1)
-        n = _pread_into(fd, buf, 0)
-        while n == len(buf):
-            buf = proc.grow(2 * len(buf), keep=n)
-            got = _pread_into(fd, buf[n:], n)
+        n = _pread_into(fd, buf[:cap], 0)
+        while n == len(buf) and n < cap:
+            buf = proc.grow(min(2 * len(buf), cap), keep=n)
+            got = _pread_into(fd, buf[n:cap], n)
             if got == 0:
                 break
             n += got
+        if n > max_bytes:
+            raise _too_large(os.fsdecode(path), None, max_bytes)
     finally:
         os.close(fd)
     return buf[:n]
+
+
+def _too_large(name, size, max_bytes):
+    """The error of a file (or tar member) of ``size`` bytes (None: it grew past the
+    bound while being read) over ``max_bytes``."""
+    size = "it grew while being read" if size is None else f"{size} bytes"
+    return ImageFileError(f"{name}: too large for an image file: {size}, more than "
+                          f"max_file_bytes={max_bytes} (raise max_file_bytes to read it)")
 
 
 if hasattr(os, "preadv"):
@@ -537,9 +579,15 @@ class _ImageDataset:
     #: seed them): it draws from the batch's own (_worker.batch_rng).
     _netcl_rng_free = True
 
-    def _setup(self, crop, flip, mean, std, output, on_error, what):
+    def _setup(self, crop, flip, mean, std, output, on_error, what,
+               max_file_bytes=MAX_FILE_BYTES):
         (self.crop, self.flip, self.mean, self.std, self.output,
          self.on_error) = _checked_options(crop, flip, mean, std, output, on_error, what)
+        if (isinstance(max_file_bytes, bool) or not isinstance(max_file_bytes, numbers.Integral)
+                or max_file_bytes <= 0):
+            raise ValueError(f"{what}: max_file_bytes must be a positive int (the largest file "
+                             f"or tar member read, in bytes), got {max_file_bytes!r}")
+        self.max_file_bytes = int(max_file_bytes)
         self._compiled = _use_compiled()
         # Indices this process found unreadable (on_error="skip"), not tried
         # again.  A file's failure never depends on the crop (the compiled
@@ -673,6 +721,12 @@ class _ImageDataset:
     def _decode(self, i, u, out):
         proc = _here()
         try:
+            self._decode_read(i, u, out, proc)
+        finally:
+            proc.shrink()   # the file's bytes are no longer used: an outsized buffer goes
+
+    def _decode_read(self, i, u, out, proc):
+        try:
             data = self._read(i, proc)
         except OSError as exc:
             if isinstance(exc.filename, str) or exc.errno is None:
@@ -783,6 +837,12 @@ class ImageFiles(_ImageDataset):
         crop's rows are decoded in full (the rest is entropy-decoded and read
         through its end-of-image marker), and libjpeg's warnings that the data
         is corrupt count as errors.
+    max_file_bytes : int, default MAX_FILE_BYTES (256 MiB)
+        The largest file read, checked from its size before reading: a larger
+        one is an :class:`ImageFileError` naming it, its size and the bound
+        (skipped and counted with ``on_error="skip"``, like any bad file).
+        The read buffer kept between files stays small whatever the bound
+        (``READ_BUFFER_KEEP``): one grown for a larger file is dropped after it.
 
     Notes
     -----
@@ -795,9 +855,9 @@ class ImageFiles(_ImageDataset):
 
     def __init__(self, paths, labels, crop=_DEFAULT_CROP, flip=0.5, mean=(0.485, 0.456, 0.406),
                  std=(0.229, 0.224, 0.225), output="float32", extensions=None,
-                 on_error="raise"):
+                 on_error="raise", max_file_bytes=MAX_FILE_BYTES):
         self._setup(crop, flip, mean, std, output,
-                    on_error, "ImageFiles")
+                    on_error, "ImageFiles", max_file_bytes)
         if isinstance(paths, (str, bytes, os.PathLike)):
             raise ValueError(f"ImageFiles: paths must be a sequence of file names, got the "
                              f"single name {paths!r}")
@@ -824,7 +884,7 @@ class ImageFiles(_ImageDataset):
         return _Samples(self)
 
     def _read(self, i, proc):
-        return _read_file(self._names.path(i), proc)
+        return _read_file(self._names.path(i), proc, self.max_file_bytes)
 
     def _name(self, i):
         return os.fsdecode(self._names.path(i))
@@ -847,7 +907,7 @@ class ImageFolder(ImageFiles):
     Parameters
     ----------
     root : str or os.PathLike
-    crop, flip, mean, std, output, on_error
+    crop, flip, mean, std, output, on_error, max_file_bytes
         As for :class:`ImageFiles`.
     extensions : str or sequence of str, optional
         File name endings to take (compared with the lower-cased name).
@@ -871,9 +931,9 @@ class ImageFolder(ImageFiles):
 
     def __init__(self, root, crop=_DEFAULT_CROP, flip=0.5, mean=(0.485, 0.456, 0.406),
                  std=(0.229, 0.224, 0.225), output="float32", extensions=None,
-                 on_error="raise"):
+                 on_error="raise", max_file_bytes=MAX_FILE_BYTES):
         self._setup(crop, flip, mean, std, output,
-                    on_error, "ImageFolder")
+                    on_error, "ImageFolder", max_file_bytes)
         try:
             root = os.path.expanduser(os.fspath(root))
         except TypeError:
@@ -928,6 +988,25 @@ class _TarIndex:
     """The byte offsets of one shard's samples (built with tarfile, cached beside it)."""
 
     @staticmethod
+    def label(shard, tf, m):
+        """The int64 label in ``.cls`` member ``m``, read as WebDataset's decoder
+        reads one (``int`` of its text); ValueError naming the shard and the member."""
+        try:
+            text = tf.extractfile(m).read().decode("utf-8", "replace").strip()
+        except (tarfile.TarError, OSError) as exc:
+            raise ValueError(f"TarImages: {shard} is damaged: {m.name} cannot be "
+                             f"read ({exc})") from None
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"TarImages: {shard}: {m.name} holds {text[:40]!r}, "
+                             f"not an integer class label") from None
+        if not _INT64[0] <= value <= _INT64[1]:
+            raise ValueError(f"TarImages: {shard}: {m.name} holds the label {text[:40]}, "
+                             f"outside int64 [{_INT64[0]}, {_INT64[1]}] (labels are int64)")
+        return value
+
+    @staticmethod
     def load(shard):
         st = os.stat(shard)
         stamp = np.array([st.st_size, st.st_mtime_ns, _TAR_INDEX_VERSION], np.int64)
@@ -955,8 +1034,12 @@ class _TarIndex:
 
     @staticmethod
     def build(shard):
-        groups = {}
-        order = []
+        """The index of ``shard``: its samples grouped as WebDataset groups them
+        (``tariterators.group_by_keys``): a sample is a run of consecutive
+        members sharing a key, so a key seen again after another key starts a
+        new sample (two shards appended into one read as both)."""
+        samples = []   # (key, {"image": (offset, size, ext), "cls": label}) in tar order
+        seen = set()   # the suffixes of the current sample
         try:
             tf = tarfile.open(shard, "r:")   # uncompressed only: samples are read by offset
         except tarfile.ReadError as exc:
@@ -970,37 +1053,40 @@ class _TarIndex:
                 raise ValueError(f"TarImages: {shard} is damaged: {exc} (a truncated or "
                                  f"corrupt tar file)") from None
             for m in members:
-                if not m.isfile():
+                name = m.name
+                # What tar_file_iterator skips: other than regular files, and
+                # WebDataset's metadata members (__...__).
+                if not m.isreg() or _WDS_META.match(name) or (
+                        "/" not in name and name.startswith("__") and name.endswith("__")):
                     continue
-                match = _WDS_KEY.match(m.name)
+                match = _WDS_KEY.match(name)
                 if match is None:
-                    continue
+                    continue   # no suffix: no sample (WebDataset skips it too)
                 key, ext = match.group(1), match.group(2).lower()
-                g = groups.get(key)
-                if g is None:
-                    g = groups[key] = {}
-                    order.append(key)
+                if not samples or samples[-1][0] != key:
+                    samples.append((key, {}))
+                    seen.clear()
+                if ext in seen:
+                    raise ValueError(f"TarImages: {shard}: {name} repeats the suffix {ext!r} "
+                                     f"within sample {key!r} (WebDataset refuses it too)")
+                seen.add(ext)
+                g = samples[-1][1]
                 if ext in _TAR_IMAGE_EXTS:
+                    if "image" in g:
+                        raise ValueError(f"TarImages: {shard}: sample {key!r} has two images "
+                                         f"(.{g['image'][2]} and {name}); one is expected")
                     g["image"] = (m.offset_data, m.size, ext)
                 elif ext == "cls":
-                    try:
-                        text = tf.extractfile(m).read().decode("utf-8", "replace").strip()
-                    except (tarfile.TarError, OSError) as exc:
-                        raise ValueError(f"TarImages: {shard} is damaged: {m.name} cannot be "
-                                         f"read ({exc})") from None
-                    try:
-                        g["cls"] = int(text)
-                    except ValueError:
-                        raise ValueError(f"TarImages: {shard}: {m.name} holds {text[:40]!r}, "
-                                         f"not an integer class label") from None
+                    g["cls"] = _TarIndex.label(shard, tf, m)
         offsets, sizes, labels, keys, exts = [], [], [], [], []
-        for key in order:
-            g = groups[key]
+        for key, g in samples:
             if "image" not in g and "cls" not in g:
                 continue   # another kind of sample (no image, no label): not ours
             if "image" not in g or "cls" not in g:
                 missing = "image (.jpg/.jpeg/.png)" if "image" not in g else "label (.cls)"
-                raise ValueError(f"TarImages: {shard}: sample {key!r} has no {missing}")
+                raise ValueError(f"TarImages: {shard}: sample {key!r} has no {missing} (a "
+                                 f"sample is a run of consecutive members sharing a key, as "
+                                 f"WebDataset reads them)")
             off, size, ext = g["image"]
             offsets.append(off)
             sizes.append(size)
@@ -1017,7 +1103,18 @@ class TarImages(_ImageDataset):
     """Images in tar shards laid out as WebDataset writes them.
 
     Each sample is ``KEY.jpg`` (or ``.jpeg``, ``.png``) with ``KEY.cls``
-    holding its integer label.  The first use of a shard walks it once with
+    holding its integer label (within int64).  Members group into samples as
+    WebDataset groups them: the key is the member's name up to the first dot
+    after its last slash (``train/n01/a.seg.png``: key ``train/n01/a``,
+    suffix ``seg.png``, which is not an image here), and a sample is a run of
+    consecutive members sharing a key, so a key met again after another key
+    is a new sample (``a.jpg a.cls b.jpg b.cls a.jpg a.cls``, as appending
+    two shards gives, is three samples).  A sample with two images or a
+    repeated suffix, or a ``.cls`` that is not an int64 integer, is a
+    ValueError naming the shard and the member; WebDataset's ``__...__``
+    metadata members and other kinds of samples (neither image nor label)
+    are passed over.  ``max_file_bytes`` bounds an image member by the size
+    in its tar header.  The first use of a shard walks it once with
     :mod:`tarfile` and records every image's byte offset and size, cached
     beside the shard as ``<shard>.idx.npz`` where the folder is writable
     (rebuilt when the shard's size or modification time changes).  Samples
@@ -1029,7 +1126,7 @@ class TarImages(_ImageDataset):
     ----------
     shards : str, os.PathLike or sequence of them
         Samples are numbered shard by shard, in tar order.
-    crop, flip, mean, std, output, on_error
+    crop, flip, mean, std, output, on_error, max_file_bytes
         As for :class:`ImageFiles`.
     extensions : None
         Only None (anything else raises ValueError): the image members taken
@@ -1038,9 +1135,9 @@ class TarImages(_ImageDataset):
 
     def __init__(self, shards, crop=_DEFAULT_CROP, flip=0.5, mean=(0.485, 0.456, 0.406),
                  std=(0.229, 0.224, 0.225), output="float32", extensions=None,
-                 on_error="raise"):
+                 on_error="raise", max_file_bytes=MAX_FILE_BYTES):
         self._setup(crop, flip, mean, std, output,
-                    on_error, "TarImages")
+                    on_error, "TarImages", max_file_bytes)
         if isinstance(shards, (str, bytes, os.PathLike)):
             shards = [shards]
         self.shards = [os.fsdecode(os.path.abspath(s))
@@ -1069,8 +1166,10 @@ class TarImages(_ImageDataset):
     def _read(self, i, proc):
         k = int(self._shard[i])
         shard = self.shards[k]
-        fd = proc.shard_fd(shard)
         size = int(self._size[i])
+        if size > self.max_file_bytes:   # the member's size from its tar header
+            raise _too_large(self._name(i), size, self.max_file_bytes)
+        fd = proc.shard_fd(shard)
         buf = proc.grow(size)
         n = _pread_into(fd, buf[:size], int(self._offset[i]))
         if n < size:
