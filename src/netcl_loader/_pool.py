@@ -341,6 +341,13 @@ class Pool:
                 if deadline.expired():
                     raise LoaderTimeout(timeout, f"waiting for batch {seq} from worker {wid} "
                                                  f"(pid {self.procs[wid].pid}) to arrive by pipe")
+                if state:
+                    # A worker's start state comes once it is done with an older
+                    # iteration's task, which may wait for its slot to grow:
+                    # such waits are answered (reap() may stash what it reads).
+                    self.reap()
+                    if key in self.stash:
+                        return self.stash.pop(key)
             try:
                 msg = conn.recv()
             except (EOFError, OSError):
