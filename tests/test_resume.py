@@ -569,6 +569,7 @@ def test_stateful_dataset_resumes_per_worker_as_statefuldataloader(num_workers, 
             got = [next(it) for _ in range(k)]
             state = dl.state_dict()
             rest, following = list(it), list(dl)
+            assert [s[0] for b in got + rest for s in b] == list(range(100))
             again = make(cls)
             again.load_state_dict(_carried(state))
             assert list(again) == rest, (cls.__name__, k)
