@@ -1111,7 +1111,11 @@ ATTRIBUTE_CASES = {
     "shuffled": lambda ds: {"batch_size": BATCH, "shuffle": True},
     "drop_last_workers": lambda ds: {"batch_size": 5, "drop_last": True, "num_workers": 2,
                                      "prefetch_factor": 3, "multiprocessing_context": "spawn",
-                                     "worker_init_fn": _worker_init, "timeout": 5},
+                                     "worker_init_fn": _worker_init,
+                                     # A set timeout (its attribute is compared), long
+                                     # enough for spawned workers importing torch on a
+                                     # loaded machine: the first batch took 10 s here.
+                                     "timeout": 60},
     "sampler": lambda ds: {"batch_size": 3, "sampler": ListSampler([4, 1, 7])},
     "batch_sampler": lambda ds: {"batch_sampler": tud.BatchSampler(tud.SequentialSampler(ds),
                                                                    3, False)},
