@@ -136,7 +136,7 @@ def methods(blobs, sizes, boxes, flips, ebox):
 
         def ours_train():
             for b, box, f in zip(blobs, boxes, flips):
-                dec.decode_into(b, box, row, f, MEAN, STD)
+                dec.decode_into(b, box, row, f, MEAN, STD, crop_first=True)  # as RandomResizedCrop
         out.append(("ours: train boxes -> 224 (float32)", ours_train))
 
         def ours_eval():
