@@ -20,6 +20,12 @@ Run it on a quiet machine::
 
     python bench/trainer_epoch.py                        # 60000 samples, 3 epochs, 3 repeats
     python bench/trainer_epoch.py --samples 2000 --epochs 1 --repeats 1   # a smoke test
+    python bench/trainer_epoch.py --threads 1     # torch's intra-op pool held to one thread
+
+On a machine whose CPUs are shared with other work, the main process's
+intra-op thread pool (torch's default: one thread a CPU) waits for a thread
+descheduled by the other work at every parallel region of the model's steps;
+``--threads 1`` takes that out of the comparison.
 """
 from __future__ import annotations
 
@@ -114,8 +120,12 @@ def main(argv=None):
     p.add_argument("--epochs", type=int, default=3, help="measured epochs per run (after one)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved runs of each loader")
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch.set_num_threads in the main process (default: torch's)")
     p.add_argument("--json", help="also write the figures to this file")
     args = p.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
 
     scenario = peers.make_scenario("small_t", n=args.samples)
     dataset = scenario.datasets["plain"]
@@ -136,7 +146,8 @@ def main(argv=None):
         rows[kind] = {"samples_per_s": med, "spread": spread, "epochs": len(rates[kind]),
                       "loader": classes[kind]}
     print(f"\nTrainer epoch on small_t ({args.samples} samples, batch {scenario.batch_size}, "
-          f"{args.workers} workers, tiny model), median over measured epochs:\n")
+          f"{args.workers} workers, tiny model, {torch.get_num_threads()} intra-op threads), "
+          f"median over measured epochs:\n")
     print("| loader | samples/s | spread | epochs | class that ran |")
     print("|---|---|---|---|---|")
     for kind in LOADERS:
