@@ -347,12 +347,12 @@ def test_tar_index_where_the_cache_cannot_be_written(folder, tmp_path):
 def test_many_shards_keep_few_descriptors_open(folder, tmp_path):
     """Reading from more shards than MAX_OPEN_SHARDS closes the least recently
     used: a thousand shards must not exhaust a worker's 1024 descriptors."""
-    from netcl_loader import images
+    from netcl_loader.images import _buffers   # where the bound is read
     ds = ImageFolder(folder, crop=CenterCrop(16), flip=0, output="uint8")
     shards = write_shards(ds, folder, tmp_path, per_shard=1)   # one shard per image
     assert len(shards) == len(ds) > 16
-    saved = images.MAX_OPEN_SHARDS
-    images.MAX_OPEN_SHARDS = 16
+    saved = _buffers.MAX_OPEN_SHARDS
+    _buffers.MAX_OPEN_SHARDS = 16
     try:
         tar = TarImages(shards, crop=CenterCrop(16), flip=0, output="uint8")
         before = len(os.listdir("/proc/self/fd"))
@@ -360,7 +360,7 @@ def test_many_shards_keep_few_descriptors_open(folder, tmp_path):
             got, labels = tar.gather_batch(np.arange(len(tar))[::-1], np.empty)
         assert len(os.listdir("/proc/self/fd")) <= before + 16
     finally:
-        images.MAX_OPEN_SHARDS = saved
+        _buffers.MAX_OPEN_SHARDS = saved
     want, _ = ds.gather_batch(np.arange(len(ds))[::-1], np.empty)
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(labels, ds.targets[::-1])
