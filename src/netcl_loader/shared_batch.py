@@ -316,8 +316,14 @@ class SharedBatchRingBuffer:
         h = self._header
         while True:
             seen = h.gen()
-            ready = [(h.info(i)[2], i) for i in range(h.nslots) if h.state(i) == READY]
-            if ready:
+            if any(h.state(i) == READY for i in range(h.nslots)):
+                # One scan reads the slots at different moments: a batch with an
+                # older ticket may be published in a slot already passed while a
+                # later one is seen (a producer publishes in ticket order). A slot
+                # stays READY until the consumer frees it, so a second scan sees
+                # every batch published before the first one ended: its oldest
+                # ticket is the oldest published batch.
+                ready = [(h.info(i)[2], i) for i in range(h.nslots) if h.state(i) == READY]
                 return min(ready)[1]
             self._sleep(seen, deadline, "a published batch", timeout)
 
