@@ -84,6 +84,11 @@ class EpochIterator:
             # A frozen copy: progress drops entries from its extra set as the
             # prefix passes them, and those batches must still be skipped.
             self._tasks = numbered(loader._batches(epoch), prefix, frozenset(extra))
+        # Data in remote objects: a batch goes out once what it reads is in the
+        # cache (fetched ahead by the gate's thread); None for local data.
+        self.gate = None if self.iterable else loader._gate(self._tasks, self.progress)
+        if self.gate is not None:
+            self._tasks = self.gate
         self._tasks_left = True
         self.pool = None
         self.slots = None                # the pool's slot owner: everything about slots
@@ -157,6 +162,8 @@ class EpochIterator:
         try:
             got = self._receive()
         except (WorkerError, EOFError, OSError):
+            if self.finished:
+                raise    # ended already (a fetch that failed for good: see _next_task_of)
             # The loader's own faults (a dead worker, a lost pipe, a timeout)
             # end the iteration; errors of the user's code come back below.
             self.finished = True
@@ -206,7 +213,7 @@ class EpochIterator:
                     self._finish()
                     raise StopIteration
                 self._wait_for_slot()  # every slot is leased or still stale
-                self._fill()
+                self._fill(wait=True)
             taken = None
             if in_order:
                 # Tasks are dispatched in batch order: the oldest pending is the
@@ -287,7 +294,7 @@ class EpochIterator:
                 seq, indices = self.done_prefix, _NO_INDICES
             else:
                 try:
-                    seq, indices = next(self._tasks)
+                    seq, indices = self._next_task_of(self._tasks)
                 except StopIteration:
                     self._finish()
                     raise
@@ -333,14 +340,20 @@ class EpochIterator:
         self._last = end
         return batch
 
-    def _fill(self):
+    def _fill(self, wait=False):
+        """Dispatch tasks while slots and the prefetch depth allow.  Behind a gate,
+        only tasks whose data is in the cache, unless ``wait`` and nothing is
+        pending: then the first task is waited for."""
         pool, slots = self.pool, self.slots
         free, quiet, share = slots.free, pool.quiet, pool.share
         W, tasks = self.loader.num_workers, self._tasks
+        gate = self.gate
         while self._tasks_left and len(self.pending) < self.loader.prefetch and free:
+            if gate is not None and (self.pending or not wait) and not gate.ready():
+                break   # its data is still on the way: deliver what is ready meanwhile
             try:
                 if tasks is not None:  # map-style: the epoch's batches dealt round-robin
-                    seq, indices = next(tasks)
+                    seq, indices = self._next_task_of(tasks)
                     wid = seq % W
                 else:
                     seq, indices, wid = self._next_task()
@@ -358,6 +371,26 @@ class EpochIterator:
                 slot = None
                 self._failed[seq] = exc
             self.pending[seq] = (slot, wid, len(indices))
+
+    def _next_task_of(self, tasks):
+        """The next ``(seq, indices)`` of the epoch.  From a gate, it may fail for
+        good (a fetch whose retries are spent, an object that changed): the
+        iteration then ends where it stands (``state_dict()`` resumes there)."""
+        if self.gate is None:
+            return next(tasks)
+        t0 = time.perf_counter()
+        try:
+            task = next(tasks)
+        except StopIteration:
+            raise
+        except Exception:
+            self._abandon()
+            raise
+        if self.pool is not None:
+            # Time the caller waits for the network (in-process, making the
+            # batch counts it already).
+            self.stats.record_wait(time.perf_counter() - t0)
+        return task
 
     def _wait(self):
         """Sleep until the next batch (in order, or any with in_order=False) is published.
@@ -530,6 +563,8 @@ class EpochIterator:
                 self.loader._epoch_over(self, completed=False)
 
     def _cleanup(self):
+        if self.gate is not None:
+            self.gate.close()
         if self.pool is not None and self.pool is self.loader._pool and self.pool.alive:
             try:
                 # Views expire and uploads are waited for; lent slots stay

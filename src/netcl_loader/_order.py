@@ -6,7 +6,8 @@ import numbers
 import numpy as np
 
 __all__ = ["global_order", "local_order", "index_batches", "group", "num_batches", "Progress",
-           "check_state", "STATE_VERSION", "STATE_KEYS"]
+           "check_state", "STATE_VERSION", "STATE_KEYS", "epoch_order", "epoch_length",
+           "window_order", "rank_shards", "window_rank_length"]
 
 #: State dict format.
 STATE_VERSION = 1
@@ -52,6 +53,98 @@ def local_order(order, rank, world_size, drop_last):
     total = (n // world_size) * world_size if drop_last else -(-n // world_size) * world_size
     order = np.resize(order, total) if total else order[:0]
     return order[rank::world_size]
+
+
+def rank_shards(counts, world_size):
+    """Which shards each rank reads: a list of ``world_size`` sorted int64 arrays.
+
+    The same for every epoch and seed (so a rank's node-local cache keeps
+    serving it), balanced by samples: shards taken largest first (ties by
+    index), each to the rank with the fewest samples so far (ties: the lowest
+    rank).  ValueError when there are fewer shards than ranks: a rank
+    without a shard has nothing of its own to read.
+    """
+    counts = np.asarray(counts, np.int64)
+    if world_size > len(counts):
+        raise ValueError(f"{len(counts)} shards cannot be shared by world_size={world_size} "
+                         f"ranks (each rank reads its own shards): give at least as many "
+                         f"shards as ranks")
+    if world_size == 1:
+        return [np.arange(len(counts), dtype=np.int64)]
+    totals = np.zeros(world_size, np.int64)
+    owner = np.empty(len(counts), np.int64)
+    for k in np.argsort(-counts, kind="stable"):
+        r = int(np.argmin(totals))   # the first of the smallest
+        owner[k] = r
+        totals[r] += counts[k]
+    return [np.flatnonzero(owner == r).astype(np.int64) for r in range(world_size)]
+
+
+def window_rank_length(counts, world_size, drop_last):
+    """Samples every rank yields per epoch under :func:`window_order`: the most
+    any rank's shards hold (the others repeat their own samples), or with
+    ``drop_last`` the fewest (the others stop there)."""
+    counts = np.asarray(counts, np.int64)
+    if world_size == 1:
+        return int(counts.sum())
+    per_rank = [int(counts[s].sum()) for s in rank_shards(counts, world_size)]
+    return min(per_rank) if drop_last else max(per_rank)
+
+
+def window_order(counts, seed, epoch, shuffle, window, rank=0, world_size=1, drop_last=False):
+    """The shard-windowed order of one epoch on one rank (int64 sample indices).
+
+    Samples are numbered shard by shard (``counts[k]`` in shard ``k``).  This
+    rank's shards (:func:`rank_shards`) are permuted from
+    ``(seed, epoch, rank)``, taken ``window`` at a time, and the samples of
+    each window shuffled together, so that the epoch reads at most
+    ``window`` shards at once, each from start to end of its window.  Unshuffled:
+    the rank's shards in order, their samples in order.  Every rank yields
+    :func:`window_rank_length` samples: a rank with fewer repeats its order
+    from its start, one with more stops there.
+    """
+    counts = np.asarray(counts, np.int64)
+    first = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(counts, out=first[1:])
+    mine = rank_shards(counts, world_size)[rank]
+    rng = np.random.default_rng([seed, epoch, rank]) if shuffle else None
+    if shuffle:
+        mine = mine[rng.permutation(len(mine))]
+    parts = []
+    for w in range(0, len(mine), window):
+        ids = mine[w:w + window]
+        idx = np.concatenate([np.arange(first[k], first[k + 1], dtype=np.int64) for k in ids])
+        if shuffle:
+            idx = idx[rng.permutation(len(idx))]
+        parts.append(idx)
+    order = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    total = window_rank_length(counts, world_size, drop_last)
+    if len(order) != total:
+        order = np.resize(order, total) if len(order) else order[:0]
+    return order
+
+
+def epoch_order(dataset, n, seed, epoch, shuffle, rank, world_size, drop_last):
+    """The built-in order of one epoch on this rank: the dataset's own when it
+    has one (a dataset of shards read a window at a time: ``_netcl_order``),
+    else :func:`global_order` shared out by :func:`local_order`."""
+    own = getattr(dataset, "_netcl_order", None)
+    if own is not None:
+        order = own(seed, epoch, shuffle, rank, world_size, drop_last)
+        if order is not None:
+            return order
+    order = global_order(n, seed, epoch, shuffle)
+    return local_order(order, rank, world_size, drop_last)
+
+
+def epoch_length(dataset, n, world_size, drop_last):
+    """Samples one rank gets of ``dataset`` (of ``n`` samples) per epoch."""
+    own = getattr(dataset, "_netcl_rank_length", None)
+    if own is not None:
+        length = own(world_size, drop_last)
+        if length is not None:
+            return length
+    return shard_length(n, world_size, drop_last)
 
 
 def index_batches(order, batch_size, drop_last):

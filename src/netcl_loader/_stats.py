@@ -230,6 +230,14 @@ class LoaderStats:
     num_workers, prefetch : int or None
         Set by the loader where it knows them; otherwise ``num_workers`` is
         inferred from the worker ids seen.
+    bytes_fetched, requests, retries, cache_hits, peak_cache_bytes : int
+        Data in object storage: bytes received from the store, requests made
+        (every try), tries that were retries, objects found in the cache
+        instead of fetched, and the most bytes the cache held.
+    network_wait_seconds : float
+        Of ``wait_seconds``, the time batches waited for their data to arrive
+        from the store.  These six count over the loader's life (:meth:`reset`
+        keeps them).
 
     The measured figures: :attr:`stages`, :attr:`workers`,
     :attr:`worker_busy_fraction`, :attr:`history`, :attr:`bottleneck`,
@@ -257,6 +265,12 @@ class LoaderStats:
     skipped: int = 0               # samples a dataset replaced (bad files skipped)
     num_workers: int | None = None
     prefetch: int | None = None
+    bytes_fetched: int = 0         # data in object storage: bytes received
+    requests: int = 0              # requests made to the store (every try)
+    retries: int = 0               # of them, retries after a transient failure
+    cache_hits: int = 0            # objects found in the cache, not fetched
+    peak_cache_bytes: int = 0      # the most bytes the cache held
+    network_wait_seconds: float = 0.0  # waited for data from the store
 
     def __post_init__(self):
         self._clear()
@@ -651,6 +665,16 @@ class LoaderStats:
                           f"dataset's own code is the cost; make {slowest} cheaper")
             return Verdict("loader", loader_frac, "the loader is the bottleneck", reason,
                            advice, figures)
+        if self.network_wait_seconds > 0.5 * self.wait_seconds > 0:
+            # The batches waited for their data to come from the store, not
+            # for the workers.
+            reason += (f"; {_pct(self.network_wait_seconds / self.wait_seconds)} of the wait "
+                       f"was for data from the object store ({self.bytes_fetched / 2**20:.1f} "
+                       f"MiB in {self.requests} requests, {self.retries} retried)")
+            return Verdict("loader", loader_frac, "the network is the bottleneck", reason,
+                           "fetch further ahead or with more requests in flight: a larger "
+                           "cache_bytes, a store closer to this machine, or fewer, larger "
+                           "shards; more workers cannot help", figures)
         reason += (f"; {_n(W, 'worker')} busy {_pct(busy or 0.0)} with {_n(C, 'CPU')} usable; "
                    f"{stage_text}")
         if busy is not None and busy >= WORKERS_SATURATED_FRACTION:
@@ -697,7 +721,8 @@ class LoaderStats:
         d = {k: getattr(self, k) for k in (
             "batches", "samples", "epochs", "wait_seconds", "wall_seconds", "ring_slots",
             "ring_bytes", "piped_batches", "grown_slots", "uploads", "upload_fallbacks",
-            "worker_restarts", "skipped", "num_workers", "prefetch")}
+            "worker_restarts", "skipped", "num_workers", "prefetch", "bytes_fetched",
+            "requests", "retries", "cache_hits", "peak_cache_bytes", "network_wait_seconds")}
         d["wait_fraction"] = self.wait_fraction
         d["stages"] = {k: asdict(v) for k, v in self.stages.items()}
         d["workers"] = [asdict(v) for v in self.workers.values()]

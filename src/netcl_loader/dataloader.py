@@ -29,9 +29,10 @@ from ._epoch import EpochIterator
 from ._errors import LoaderTimeout
 from ._options import (BATCH_SIZE, DROP_LAST, PUBLIC_ATTRIBUTES, SHUFFLE, Unset,
                        check_options, is_iterable_dataset, resolve_context)  # noqa: F401
-from ._order import (STATE_VERSION, check_state, global_order, group, index_batches,
-                     length_or_none, local_order, num_batches, shard_length)
+from ._order import (STATE_VERSION, check_state, epoch_length, epoch_order, group,
+                     index_batches, length_or_none, num_batches)
 from ._pool import Pool, WorkerError
+from ._prefetch import Prefetcher
 from ._stats import LoaderStats
 from ._worker import BatchMaker, dataset_state, is_stateful
 from ._output import Delivery
@@ -193,6 +194,7 @@ class DataLoader:
         self._prestarted = None      # (iterator, config) of the next epoch, started early
         self._active = None          # weakref to the running iterator
         self._token = 0
+        self._prefetcher = None      # fetches remote data ahead (made at the first epoch)
         self._closed = False
 
         if pin_memory and not self.pin_memory:
@@ -238,9 +240,21 @@ class DataLoader:
             if not self._batched:
                 return ([i] for i in self.sampler)
             return group(iter(self.sampler), self.batch_size, self.drop_last)
-        order = global_order(len(self.dataset), self.seed, epoch, self.shuffle)
-        order = local_order(order, self.rank, self.world_size, self.drop_last)
+        order = epoch_order(self.dataset, len(self.dataset), self.seed, epoch, self.shuffle,
+                            self.rank, self.world_size, self.drop_last)
         return iter(index_batches(order, self.batch_size, self.drop_last))
+
+    def _gate(self, tasks, progress):
+        """The gate an epoch's ``tasks`` pass through when the dataset reads remote
+        objects (``_netcl_units()``): a batch goes out once its data is in the
+        cache.  None for local data."""
+        if self._prefetcher is None:
+            make = getattr(self.dataset, "_netcl_units", None)
+            units = make() if callable(make) else None
+            self._prefetcher = False if units is None else Prefetcher(units, self._stats)
+        if self._prefetcher is False:
+            return None
+        return self._prefetcher.gate(tasks, progress)
 
     def _forward_epoch(self, sampler, epoch):
         # Only once the caller has said which epoch it is (set_epoch or a
@@ -265,7 +279,7 @@ class DataLoader:
         if self.sampler is not None:
             n = len(self.sampler)
         else:
-            n = shard_length(len(self.dataset), self.world_size, self.drop_last)
+            n = epoch_length(self.dataset, len(self.dataset), self.world_size, self.drop_last)
         return num_batches(n, self.batch_size, self.drop_last)
 
     def set_epoch(self, epoch):
@@ -631,6 +645,8 @@ class DataLoader:
             old._abandon()
         self._discard_prestarted()
         self._closed = True
+        if self._prefetcher:
+            self._prefetcher.close()
         self._shutdown_pool()
         self._delivery.close()  # pooled arrays dropped, device buffers back to OpenCL
 

@@ -38,7 +38,7 @@ from . import dataloader as _engine
 from ._errors import LoaderTimeout
 from ._frameworks import TrainerMixin
 from ._options import is_iterable_dataset
-from ._order import global_order, local_order, shard_length
+from ._order import epoch_length, epoch_order
 from ._worker import get_worker_info  # re-exported, as torch.utils.data has it
 from .datasets import random_split as _random_split
 
@@ -128,14 +128,15 @@ class EngineOrderSampler:
 
     def _indices(self):
         n = len(self.data_source)
-        order = global_order(n, self.seed, self._current_epoch(), self._shuffle)
-        return local_order(order, self._rank, self._world_size, self._drop_last).tolist()
+        return epoch_order(self.data_source, n, self.seed, self._current_epoch(), self._shuffle,
+                           self._rank, self._world_size, self._drop_last).tolist()
 
     def __iter__(self):
         return iter(self._indices())
 
     def __len__(self):
-        return shard_length(len(self.data_source), self._world_size, self._drop_last)
+        return epoch_length(self.data_source, len(self.data_source), self._world_size,
+                            self._drop_last)
 
     def __getstate__(self):
         state = self.__dict__.copy()

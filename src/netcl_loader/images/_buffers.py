@@ -30,13 +30,14 @@ class _Process:
     buffer); a forked child finds another pid and makes its own, nothing of a
     parent's decoder or descriptors is used there."""
 
-    __slots__ = ("pid", "decoder", "buf", "shards")
+    __slots__ = ("pid", "decoder", "buf", "shards", "cached")
 
     def __init__(self):
         self.pid = os.getpid()
         self.decoder = None
         self.buf = np.empty(READ_BUFFER_BYTES, np.uint8)
         self.shards = {}    # shard path -> read-only descriptor, least recently used first
+        self.cached = {}    # cache entry path -> descriptor, for the current batch only
 
     def jpeg_decoder(self):
         if self.decoder is None:
@@ -56,8 +57,27 @@ class _Process:
         fds[shard] = fd   # now the most recently used
         return fd
 
+    def cached_fd(self, path):
+        """A read-only descriptor of the cache entry ``path``, kept until
+        :meth:`close_cached` (the end of the batch)."""
+        fd = self.cached.get(path)
+        if fd is None:
+            fd = self.cached[path] = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+                                             | getattr(os, "O_BINARY", 0))
+        return fd
+
+    def close_cached(self):
+        if self.cached:
+            fds, self.cached = self.cached, {}
+            for fd in fds.values():
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
     def close_shards(self):
         """Close the kept shard descriptors (in a forked child: its copies of the parent's)."""
+        self.close_cached()
         fds, self.shards = self.shards, {}
         for fd in fds.values():
             try:

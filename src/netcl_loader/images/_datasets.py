@@ -15,7 +15,11 @@ from ._crops import CenterCrop, RandomResizedCrop
 from ._decoders import (MAX_PIXELS, ImageFileError, _compiled_module, _pillow_rgb,
                         _resize_kernel, _use_compiled)
 from ._sources import MAX_FILE_BYTES, _names_blob, _pread_into, _read_file, _too_large
+from ._remote import REMOTE_WINDOW, check_window, names_of, remote_shards
 from ._tarindex import _TAR_IMAGE_EXTS, _TarIndex
+from .._order import window_order, window_rank_length
+from .._retry import RemoteError
+from .._urls import is_remote, redact
 
 __all__ = ["ImageFolder", "ImageFiles", "TarImages", "IMG_EXTENSIONS"]
 
@@ -37,7 +41,10 @@ _SYSTEM_ERRNOS = frozenset(getattr(errno, name) for name in (
 
 
 def _not_the_files_fault(exc):
-    return isinstance(exc, OSError) and exc.errno in _SYSTEM_ERRNOS
+    # A store that kept failing says nothing of the file: on_error="skip" must
+    # not lose the sample to a network fault.
+    return isinstance(exc, RemoteError) or (isinstance(exc, OSError)
+                                            and exc.errno in _SYSTEM_ERRNOS)
 
 
 def _checked_options(crop, flip, mean, std, output, on_error, what):
@@ -182,7 +189,10 @@ class _ImageDataset:
                             "for a slice")
         i = self._index(i)
         image = np.empty(self.image_shape, self.dtype)
-        k = self._fill(i, self._draws(1)[0], image)
+        try:
+            k = self._fill(i, self._draws(1)[0], image)
+        finally:
+            _here().close_cached()
         return image, int(self.targets[k])
 
     def __getitems__(self, indices):
@@ -216,10 +226,15 @@ class _ImageDataset:
         images = alloc((len(idx),) + self.image_shape, self.dtype)
         labels = alloc((len(idx),), np.int64)
         draws = self._draws(len(idx))
-        for j in range(len(idx)):
-            i = int(idx[j])
-            k = self._fill(i + n if i < 0 else i, draws[j], images[j])
-            labels[j] = self.targets[k]
+        try:
+            for j in range(len(idx)):
+                i = int(idx[j])
+                k = self._fill(i + n if i < 0 else i, draws[j], images[j])
+                labels[j] = self.targets[k]
+        finally:
+            # Cache entries are not kept open past the batch: one evicted
+            # later must not hold its disk space through a descriptor.
+            _here().close_cached()
         return images, labels
 
     # -- one sample -----------------------------------------------------------------
@@ -545,35 +560,87 @@ class TarImages(_ImageDataset):
     across shards and exact resume work as for files.  Shards must be
     uncompressed tar files.
 
+    Shards in object storage are named by URL (``s3://``, ``http(s)://``,
+    ``gs://``, ``az://``; WebDataset's brace ranges expand:
+    ``"s3://bucket/train/shard-{000000..000127}.tar"``).  Their sizes and
+    ETags are listed at construction (a missing bucket or shard is a
+    FileNotFoundError, refused credentials a PermissionError, each naming the
+    URL), and their indexes read from the sidecars ``<shard>.idx.npz`` that
+    ``python -m netcl_loader.images index PATTERN`` writes, or else built in
+    one streaming pass over each shard (kept in the cache, keyed by the
+    shard's URL and ETag).  A loader fetches whole shards ahead of its
+    workers into ``cache_dir``, never holding more than ``cache_bytes``, and
+    hands a batch to a worker once its shards are there.
+
     Parameters
     ----------
     shards : str, os.PathLike or sequence of them
-        Samples are numbered shard by shard, in tar order.
+        Paths or URLs (brace ranges expanded).  Samples are numbered shard by
+        shard, in tar order.
     crop, flip, mean, std, output, on_error, max_file_bytes
         As for :class:`ImageFiles`.
     extensions : None
         Only None (anything else raises ValueError): the image members taken
         are ``.jpg``, ``.jpeg`` and ``.png``.
+    shuffle_window : int, optional
+        The order of a loader's epoch: the shards permuted from
+        ``(seed, epoch)``, taken ``shuffle_window`` at a time, the samples of
+        each window shuffled together.  Each rank of a distributed loader
+        reads shards of its own (the same ones every epoch), and every rank
+        yields as many samples as the rank with most (repeating its own) or,
+        with ``drop_last``, the fewest.  None: 16 (``REMOTE_WINDOW``) when any
+        shard is remote, else one permutation of every sample as for any
+        dataset.  The same shards local or remote give the same batches for
+        the same window.
+    cache_dir : str or os.PathLike, optional
+        Where remote shards are kept: default ``$NETCL_LOADER_CACHE``, else a
+        folder in the system's temporary folder.  Loaders and ranks of one
+        machine sharing the folder share its bound.
+    cache_bytes : int, optional
+        The bound of the cache, never exceeded (a shard being fetched counts
+        in full).  It must hold the window and the prefetch: ``(window +
+        prefetch_shards)`` times the largest shard, or it is a ValueError
+        naming both sizes.  None: all remote shards' bytes, at most half the
+        free space of the cache's disk, at least the window and the prefetch.
+    storage_options : dict, optional
+        The filesystem's options (fsspec's): ``{"endpoint_url": ...}`` for an
+        S3-compatible store, ``key``/``secret``/``token``, ``headers``...
+        Credentials otherwise come from each store's usual environment and
+        files.  They are never shown (repr, errors, stats, state).
+    retry : Retry, optional
+        Timeouts and retries of every request (default :class:`Retry()`).
+    prefetch_shards : int, optional
+        Shards fetched beyond the window being read; default the window's size
+        (the next window arrives while the current one is read).
     """
 
     def __init__(self, shards, crop=_DEFAULT_CROP, flip=0.5, mean=(0.485, 0.456, 0.406),
                  std=(0.229, 0.224, 0.225), output="float32", extensions=None,
-                 on_error="raise", max_file_bytes=MAX_FILE_BYTES):
+                 on_error="raise", max_file_bytes=MAX_FILE_BYTES, *, shuffle_window=None,
+                 cache_dir=None, cache_bytes=None, storage_options=None, retry=None,
+                 prefetch_shards=None):
         self._setup(crop, flip, mean, std, output,
                     on_error, "TarImages", max_file_bytes)
-        if isinstance(shards, (str, bytes, os.PathLike)):
-            shards = [shards]
-        self.shards = [os.fsdecode(os.path.abspath(s))
-                       for s in _fs_names(shards, "shards", "TarImages")]
+        self.shards = names_of(shards, "TarImages", "shards")
         if not self.shards:
             raise ValueError("TarImages: shards is empty; give at least one tar file")
         for s in self.shards:
-            if not os.path.isfile(s):
+            if not is_remote(s) and not os.path.isfile(s):
                 raise FileNotFoundError(f"TarImages: shard {s!r} does not exist")
         _no_extensions(extensions, "TarImages", "a shard's samples are its KEY.jpg, "
                        "KEY.jpeg and KEY.png members with a KEY.cls")
         self.extensions = None
-        parts = [_TarIndex.load(s) for s in self.shards]
+        window = check_window(shuffle_window, "TarImages")
+        self._units = None
+        if any(is_remote(s) for s in self.shards):
+            window = REMOTE_WINDOW if window is None else window
+            remote, self._units = remote_shards(
+                self.shards, storage_options, retry, cache_dir, cache_bytes, window,
+                prefetch_shards, "TarImages")
+        else:
+            remote = [None] * len(self.shards)
+        self.shuffle_window = window
+        parts = [_TarIndex.load(s) if r is None else r for s, r in zip(self.shards, remote)]
         self._shard = np.concatenate([np.full(len(p["offset"]), k, np.int32)
                                       for k, p in enumerate(parts)])
         self._offset = np.concatenate([p["offset"] for p in parts])
@@ -583,16 +650,45 @@ class TarImages(_ImageDataset):
         self._first = np.cumsum([0] + [len(p["offset"]) for p in parts])
         if len(self.targets) == 0:
             raise FileNotFoundError(f"TarImages: no sample (KEY.jpg/.jpeg/.png with KEY.cls) "
-                                    f"in {self.shards}")
+                                    f"in {[redact(s) for s in self.shards]}")
         self.classes = None
+        if self._units is not None:
+            self._units.sample_units = self._shard
+        self._counts = np.diff(self._first).astype(np.int64)
+
+    # -- the loader's hooks -------------------------------------------------------
+    def _netcl_units(self):
+        """The remote shards a loader fetches ahead (None: every shard is local)."""
+        return self._units
+
+    def _netcl_order(self, seed, epoch, shuffle, rank, world_size, drop_last):
+        """The shard-windowed order (None: the loader's usual one)."""
+        if self.shuffle_window is None:
+            return None
+        return window_order(self._counts, seed, epoch, shuffle, self.shuffle_window, rank,
+                            world_size, drop_last)
+
+    def _netcl_rank_length(self, world_size, drop_last):
+        if self.shuffle_window is None:
+            return None
+        return window_rank_length(self._counts, world_size, drop_last)
 
     def _read(self, i, proc):
         k = int(self._shard[i])
-        shard = self.shards[k]
         size = int(self._size[i])
         if size > self.max_file_bytes:   # the member's size from its tar header
             raise _too_large(self._name(i), size, self.max_file_bytes)
-        fd = proc.shard_fd(shard)
+        units = self._units
+        if units is not None and units.remote[k]:
+            # The shard's copy in the cache, put there by the loader's
+            # prefetcher before this batch was handed out (or fetched now when
+            # read outside a loader, or evicted by another process).
+            try:
+                fd = proc.cached_fd(units.path(k))
+            except FileNotFoundError:
+                fd = proc.cached_fd(units.ensure(k))
+        else:
+            fd = proc.shard_fd(self.shards[k])
         buf = proc.grow(size)
         n = _pread_into(fd, buf[:size], int(self._offset[i]))
         if n < size:
@@ -605,7 +701,12 @@ class TarImages(_ImageDataset):
         blob, offs, exts = self._keys[k]
         j = i - int(self._first[k])
         key = blob[offs[j]:offs[j + 1]].tobytes().decode("utf-8", "surrogateescape")
-        return f"{self.shards[k]}:{key}.{_TAR_IMAGE_EXTS[int(exts[j])]}"
+        return f"{redact(self.shards[k])}:{key}.{_TAR_IMAGE_EXTS[int(exts[j])]}"
 
     def __repr__(self):
-        return f"TarImages({len(self.shards)} shards, {self._describe()})"
+        where = ""
+        if self._units is not None:
+            where = (f", {int(self._units.remote.sum())} remote "
+                     f"({self._units.store.scheme}://), cache_bytes={self._units.cache.bound}")
+        window = "" if self.shuffle_window is None else f", shuffle_window={self.shuffle_window}"
+        return f"TarImages({len(self.shards)} shards{where}{window}, {self._describe()})"

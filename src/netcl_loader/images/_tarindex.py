@@ -76,26 +76,29 @@ class _TarIndex:
         return index
 
     @staticmethod
-    def build(shard):
+    def build(shard, fileobj=None):
         """The index of ``shard``: its samples grouped as WebDataset groups them
         (``tariterators.group_by_keys``): a sample is a run of consecutive
         members sharing a key, so a key seen again after another key starts a
-        new sample (two shards appended into one read as both)."""
+        new sample (two shards appended into one read as both).
+
+        ``fileobj``: the shard's bytes as a stream read once from start to end
+        (a remote shard), ``shard`` then only its name in messages.  Members
+        are taken in one pass, each ``.cls`` read as it comes, so the same
+        code indexes a local file and a stream.
+        """
         samples = []   # (key, {"image": (offset, size, ext), "cls": label}) in tar order
         seen = set()   # the suffixes of the current sample
         try:
-            tf = tarfile.open(shard, "r:")   # uncompressed only: samples are read by offset
+            # Uncompressed only: samples are read by offset.
+            tf = (tarfile.open(shard, "r:") if fileobj is None
+                  else tarfile.open(fileobj=fileobj, mode="r|"))
         except tarfile.ReadError as exc:
             raise ValueError(f"TarImages: {shard} is not an uncompressed tar file ({exc}); "
                              f"samples are read by byte offset, so shards must not be "
                              f"compressed") from None
         with tf:
-            try:
-                members = list(tf)   # headers only: the images are not read
-            except tarfile.TarError as exc:
-                raise ValueError(f"TarImages: {shard} is damaged: {exc} (a truncated or "
-                                 f"corrupt tar file)") from None
-            for m in members:
+            for m in _members(tf, shard):   # headers: the images are not read
                 name = m.name
                 # What tar_file_iterator skips: other than regular files, and
                 # WebDataset's metadata members (__...__).
@@ -140,3 +143,17 @@ class _TarIndex:
         return {"offset": np.array(offsets, np.int64), "size": np.array(sizes, np.int64),
                 "label": np.array(labels, np.int64), "keys": blob, "key_offsets": key_offsets,
                 "ext": np.array(exts, np.int8)}
+
+
+def _members(tf, shard):
+    """The members of ``tf`` one by one; a damaged tar is a ValueError naming ``shard``."""
+    it = iter(tf)
+    while True:
+        try:
+            m = next(it)
+        except StopIteration:
+            return
+        except tarfile.TarError as exc:
+            raise ValueError(f"TarImages: {shard} is damaged: {exc} (a truncated or "
+                             f"corrupt tar file)") from None
+        yield m

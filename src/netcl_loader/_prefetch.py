@@ -1,0 +1,603 @@
+"""Fetching ahead: the remote objects the coming batches need, into the cache, before any worker reads them.
+
+A dataset whose samples live in remote objects (tar shards, image files)
+describes them as :class:`Units`.  A loader over it makes one
+:class:`Prefetcher`, and each epoch one :class:`Gate` over the epoch's
+batches: the gate's thread walks the batches ahead of the workers and has
+their units fetched (whole objects, in ranged requests of
+:data:`BLOCK_BYTES`, many in flight) into the cache; the loader hands a batch
+to a worker only once every unit it reads is in the cache, so workers only
+ever read local bytes by offset.  The order of the batches is known in
+advance, so what is evicted when room is short is exactly what is needed
+last (Belady's rule), and never a unit a batch in flight still reads.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import errno
+import os
+import threading
+import time
+
+import numpy as np
+
+from ._cache import TOUCH_SECONDS, entry_key
+from ._urls import redact
+
+__all__ = ["Units", "Prefetcher", "Gate", "BLOCK_BYTES", "MAX_REQUESTS"]
+
+#: Bytes of one ranged request of a whole-object fetch: large enough that a
+#: request's own cost (a round trip, a signature) is small against it, small
+#: enough that one shard is fetched by several requests at once.
+BLOCK_BYTES = 8 << 20
+#: Requests in flight per loader: enough to keep a store's per-connection
+#: throughput from being the limit (S3 serves each connection at tens of MB/s).
+MAX_REQUESTS = 16
+#: Objects whose size is not known (image files named by URL) fetched at once.
+MAX_UNSIZED = 64
+#: How often a waiting gate looks at the loader's progress again.
+POLL_SECONDS = 0.005
+#: Batches taken from the epoch's order at a time when the gate looks ahead.
+PULL_BATCHES = 64
+#: Units (shards) looked up in the cache when a loader starts; datasets of
+#: more (image files) are looked up as batches first need them.
+MAX_LISTED_UNITS = 100_000
+#: A gate that can make no room for this long while the loader waits on it
+#: gives up with an error naming the sizes (the cache is too small, or full of
+#: what other loaders sharing it are using).
+STUCK_SECONDS = 60.0
+
+
+class Units:
+    """The objects a dataset's samples are read from, and where their bytes are read locally.
+
+    ``urls[u]`` is unit ``u`` (a shard or a file); ``remote[u]`` whether it
+    is fetched (a local unit is read where it is); ``sizes[u]`` its size in
+    bytes (-1: not known before it is fetched); ``versions[u]`` what
+    identifies its version (ETag, else size and mtime) and keys its cache
+    entry; ``etags[u]`` the ETag every request for it is conditional on (or
+    None).  ``sample_units`` maps each sample to its unit (None: sample
+    ``i`` is unit ``i``).  Picklable: workers get it inside the dataset.
+    """
+
+    def __init__(self, urls, remote, sizes, versions, etags, store, cache, sample_units=None,
+                 max_requests=MAX_REQUESTS):
+        self.urls = urls
+        self.remote = np.asarray(remote, bool)
+        self.sizes = np.asarray(sizes, np.int64)
+        self.versions = versions
+        self.etags = etags
+        self.store = store
+        self.cache = cache
+        self.sample_units = sample_units
+        self.max_requests = int(max_requests)
+        self._keys = {}
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_keys"] = {}
+        return state
+
+    def __len__(self):
+        return len(self.urls)
+
+    @property
+    def any_remote(self):
+        return bool(self.remote.any())
+
+    def units_of(self, indices):
+        """The remote units the samples ``indices`` read (sorted, unique)."""
+        idx = np.asarray(indices, np.int64)
+        units = idx if self.sample_units is None else self.sample_units[idx]
+        units = np.unique(units)
+        return units[self.remote[units]]
+
+    def key(self, u):
+        k = self._keys.get(u)
+        if k is None:
+            k = entry_key(self.urls[u], self.versions[u])
+            if len(self._keys) < 1 << 16:
+                self._keys[u] = k
+        return k
+
+    def name(self, u):
+        """Unit ``u`` as it may be shown."""
+        return redact(self.urls[u])
+
+    def path(self, u):
+        """Where unit ``u``'s bytes are read: the local file, or its cache entry."""
+        if not self.remote[u]:
+            return self.urls[u]
+        return self.cache.path(self.key(u))
+
+    # -- fetching -----------------------------------------------------------------
+    def ensure(self, u):
+        """Unit ``u``'s local path, fetching it now if it is not in the cache (a
+        read outside a loader, or a cache entry some other process evicted)."""
+        path = self.path(u)
+        if not self.remote[u] or os.path.exists(path):
+            return path
+        size = int(self.sizes[u])
+        if size < 0:
+            data = self.store.sync(self.store.read, self.urls[u], self.etags[u])
+            part = self._room(u, len(data))
+            part.write_at(0, data)
+            part.commit()
+            return path
+        part = self._room(u, size)
+        try:
+            self.store.sync(self.fetch_into, u, part, None)
+        except BaseException:
+            part.abort()
+            raise
+        part.commit()
+        return path
+
+    def _room(self, u, size):
+        """A cache file for ``u`` of ``size`` bytes, evicting leftovers for it."""
+        cache = self.cache
+        part = cache.begin(self.key(u), size)
+        if part is None:
+            for key, _ in cache.stale(set()):
+                cache.evict(key)
+                part = cache.begin(self.key(u), size)
+                if part is not None:
+                    break
+        if part is None:
+            raise OSError(errno.ENOSPC, f"the cache {cache.folder!r} has no room for "
+                                        f"{self.name(u)} ({size} bytes): "
+                                        f"cache_bytes={cache.bound} bytes are in use by "
+                                        f"others", self.name(u))
+        return part
+
+    async def fetch_into(self, u, part, sem):
+        """Fetch unit ``u`` (of known size) whole into ``part``, in ranged requests
+        of BLOCK_BYTES, at most ``sem``'s count at once (None: one at a time)."""
+        url, etag, size = self.urls[u], self.etags[u], int(self.sizes[u])
+        store = self.store
+
+        async def block(lo, hi):
+            pos = [lo]
+
+            def sink(chunk):
+                part.write_at(pos[0], chunk)
+                pos[0] += len(chunk)
+            if sem is None:
+                await store.fetch(url, lo, hi, sink, etag)
+            else:
+                async with sem:
+                    await store.fetch(url, lo, hi, sink, etag)
+        if size == 0:
+            return
+        tasks = [asyncio.ensure_future(block(lo, min(lo + BLOCK_BYTES, size)))
+                 for lo in range(0, size, BLOCK_BYTES)]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            # Every block has stopped before the caller may close the part: a
+            # block cancelled between two writes must not write after it.
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for t in tasks:
+            if not t.cancelled() and t.exception() is not None:
+                raise t.exception()
+
+    async def fetch_bytes(self, u, sem):
+        async with sem:
+            return await self.store.read(self.urls[u], self.etags[u])
+
+
+class _Figures:
+    """What a prefetcher adds to the loader's stats."""
+
+    __slots__ = ("hits", "waited")
+
+    def __init__(self):
+        self.hits = 0
+        self.waited = 0.0
+
+
+class Prefetcher:
+    """One loader's fetching: which units are in the cache, which in flight, and
+    the epochs' gates.  Owned by the loader (closed with it).
+
+    Locking: its state is shared by the gates' threads, the caller's thread
+    and the event loop's callbacks under ``cond`` (re-entrant).  Nothing
+    waits on the event loop while holding it (a fetch's completion takes it
+    on the loop's thread).
+    """
+
+    def __init__(self, units, stats=None):
+        self.units = units
+        self.cache = units.cache
+        self.store = units.store
+        self.stats = stats
+        self.cond = threading.Condition()
+        self.present = set()     # units in the cache, as this loader knows
+        self.seen = set()        # units looked up in the cache once (a hit counts once)
+        self.inflight = {}       # unit -> concurrent future of its fetch
+        self.fetched = {}        # unit of unknown size -> its bytes, until put in the cache
+        self.failed = {}         # unit -> the error its fetch ended with
+        self.gates = []
+        self.figures = _Figures()
+        if len(units) <= MAX_LISTED_UNITS:
+            # What an earlier loader (or the index pass) left in the cache is
+            # this loader's to use and to evict by its schedule.
+            for u in np.flatnonzero(units.remote).tolist():
+                if self.cache.has(units.key(u)):
+                    self.present.add(u)
+        c = self.store.counters
+        self._base = (c.requests, c.retries, c.bytes)
+        # (asyncio's semaphores bind to the loop that first waits on them.)
+        self._sem = asyncio.Semaphore(max(1, units.max_requests))
+        self._unsized_sem = asyncio.Semaphore(MAX_UNSIZED)
+        self.closed = False
+
+    def gate(self, tasks, progress):
+        """The gate of a new iteration over ``tasks`` (``(seq, indices)``), whose
+        done batches ``progress`` records."""
+        g = Gate(self, tasks, progress)
+        with self.cond:
+            self.gates = [x for x in self.gates if not x.closed] + [g]
+        g.start()
+        return g
+
+    def close(self):
+        """Stop fetching; what this loader has in the cache is left there, marked
+        as a leftover that any loader sharing the folder may evict at once."""
+        self.closed = True
+        for g in list(self.gates):
+            g.close()
+        with self.cond:
+            futures = list(self.inflight.values())
+            keys = [self.units.key(u) for u in self.present]
+        for f in futures:
+            f.cancel()
+        self.cache.release(keys)
+
+    def publish(self):
+        """The figures into the loader's stats."""
+        s = self.stats
+        if s is None:
+            return
+        c = self.store.counters
+        s.requests = c.requests - self._base[0]
+        s.retries = c.retries - self._base[1]
+        s.bytes_fetched = c.bytes - self._base[2]
+        s.cache_hits = self.figures.hits
+        s.peak_cache_bytes = max(s.peak_cache_bytes, self.cache.peak)
+        s.network_wait_seconds = self.figures.waited
+
+    # -- units (under the lock) -----------------------------------------------------------
+    def is_present(self, u):
+        if u not in self.seen:
+            # The first time a batch needs it: found in the cache is a hit.
+            self.seen.add(u)
+            if u in self.present or (u not in self.inflight
+                                     and self.cache.has(self.units.key(u))):
+                self.present.add(u)
+                self.figures.hits += 1
+                return True
+        return u in self.present
+
+    def busy(self, u):
+        """Whether ``u`` is on its way (in flight, or fetched and waiting for room)."""
+        return u in self.inflight or u in self.fetched
+
+    def start_fetch(self, u, part):
+        """Start fetching ``u`` into ``part`` (None: a unit of unknown size, fetched
+        into memory first); returns at once."""
+        units = self.units
+
+        async def run():
+            try:
+                if part is None:
+                    return await units.fetch_bytes(u, self._unsized_sem)
+                await units.fetch_into(u, part, self._sem)
+                part.commit()
+                return None
+            except BaseException:
+                if part is not None:
+                    part.abort()
+                raise
+        fut = self.store.submit(run())
+        self.inflight[u] = fut
+        fut.add_done_callback(lambda f, u=u: self._done(u, f))
+
+    def _done(self, u, fut):
+        with self.cond:
+            self.inflight.pop(u, None)
+            if fut.cancelled():
+                pass
+            elif fut.exception() is not None:
+                self.failed[u] = fut.exception()
+            elif fut.result() is None:
+                self.present.add(u)
+                self.seen.add(u)
+            else:
+                self.fetched[u] = fut.result()
+            self.cond.notify_all()
+
+    def pinned(self, v, but=None):
+        """Whether a batch handed out and not done (of any gate but ``but``) reads ``v``."""
+        for g in self.gates:
+            if g is not but and not g.closed and g.in_flight_use(v):
+                return True
+        return False
+
+
+class Gate:
+    """One epoch's batches, each handed out only once its units are in the cache.
+
+    Iterating gives ``(seq, indices)`` as the epoch's tasks do; :meth:`ready`
+    says without waiting whether the next batch may go out now.  A thread
+    walks the batches ahead and fetches their units in the order they are
+    first needed, making room by evicting what is needed last; ``progress``
+    (the epoch's :class:`~._order.Progress`) says which batches are done, so
+    that a unit read by a batch still in flight is never evicted.  An error
+    fetching a unit is raised when a batch that needs it is asked for.
+    """
+
+    def __init__(self, pf, tasks, progress):
+        self.pf = pf
+        self.units = pf.units
+        self.tasks = tasks
+        self.progress = progress
+        self.ahead = []          # (seq, indices, remote units) in the epoch's order
+        self.pos = 0             # the next batch handed out
+        self.frontier = 0        # the batches before it are done
+        self.uses = {}           # unit -> deque of the batches not done that read it
+        self.ahead_bytes = 0     # bytes of the distinct units of those batches
+        self.exhausted = False
+        self.scan = 0            # the first batch whose units may still need fetching
+        self.closed = False
+        self.thread = None
+        self._stale = (0.0, [])  # (when listed, leftovers of other loaders)
+        self._touched = time.monotonic()
+
+    def start(self):
+        self.thread = threading.Thread(target=self._run, name="netcl-prefetch", daemon=True)
+        self.thread.start()
+
+    def close(self):
+        with self.pf.cond:
+            self.closed = True
+            self.pf.cond.notify_all()
+        t = self.thread
+        if t is not None and t is not threading.current_thread():
+            t.join(5.0)
+
+    # -- the epoch's batches (under the lock) ----------------------------------------------
+    def _pull(self, n=PULL_BATCHES):
+        """Take up to ``n`` more batches of the epoch's order; False when none is left."""
+        if self.exhausted:
+            return False
+        got = 0
+        for seq, indices in self.tasks:
+            units = self.units.units_of(indices).tolist()
+            k = len(self.ahead)
+            self.ahead.append((seq, indices, units))
+            for u in units:
+                q = self.uses.get(u)
+                if q is None:
+                    q = self.uses[u] = collections.deque()
+                    self.ahead_bytes += max(0, int(self.units.sizes[u]))
+                q.append(k)
+            got += 1
+            if got >= n:
+                return True
+        self.exhausted = True
+        return got > 0
+
+    def _advance(self):
+        """Move the frontier past the done batches, dropping their uses."""
+        p = self.progress
+        while self.frontier < self.pos:
+            seq = self.ahead[self.frontier][0]
+            if not (seq < p.prefix or seq in p.extra):
+                break
+            for u in self.ahead[self.frontier][2]:
+                q = self.uses[u]
+                while q and q[0] <= self.frontier:
+                    q.popleft()
+                if not q:
+                    del self.uses[u]
+                    self.ahead_bytes -= max(0, int(self.units.sizes[u]))
+            self.frontier += 1
+
+    def next_use(self, v):
+        """The first batch not done that reads ``v`` (None: none, as far as seen)."""
+        q = self.uses.get(v)
+        return q[0] if q else None
+
+    def in_flight_use(self, v):
+        nxt = self.next_use(v)
+        return nxt is not None and nxt < self.pos
+
+    # -- the caller's side -------------------------------------------------------------
+    def ready(self):
+        """Whether the next batch may be handed out now (its units are in the cache)."""
+        pf = self.pf
+        with pf.cond:
+            if self.pos >= len(self.ahead) and not self._pull():
+                return True   # the end: next() says so at once
+            units = self.ahead[self.pos][2]
+            return all(pf.is_present(u) or u in pf.failed for u in units)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        pf = self.pf
+        t0 = None
+        with pf.cond:
+            while True:
+                if self.pos >= len(self.ahead) and not self._pull():
+                    raise StopIteration
+                seq, indices, units = self.ahead[self.pos]
+                missing = [u for u in units if not pf.is_present(u)]
+                for u in missing:
+                    if u in pf.failed:
+                        raise pf.failed[u]
+                if not missing:
+                    break
+                if pf.closed or self.closed:
+                    raise RuntimeError("the loader's prefetcher is closed")
+                if t0 is None:
+                    t0 = time.perf_counter()
+                    pf.cond.notify_all()
+                pf.cond.wait(POLL_SECONDS)
+            self.pos += 1
+        if t0 is not None:
+            pf.figures.waited += time.perf_counter() - t0
+        pf.publish()
+        return seq, indices
+
+    # -- the fetch thread --------------------------------------------------------------
+    def _run(self):
+        pf = self.pf
+        stuck_since = None
+        try:
+            while True:
+                with pf.cond:
+                    if self.closed or pf.closed:
+                        return
+                    self._advance()
+                    self._place_fetched()
+                    job = self._next_job()
+                    if job is None:
+                        pf.cond.wait(POLL_SECONDS)
+                        continue
+                    u, first = job
+                    size = int(self.units.sizes[u])
+                    part = None
+                    if size >= 0:
+                        part = self._make_room(u, size, first)
+                        if part is None:
+                            # Room comes as batches in flight are done.  With
+                            # none in flight and none to evict, it never comes.
+                            if first == self.pos and self.frontier >= self.pos:
+                                stuck_since = stuck_since or time.monotonic()
+                                if time.monotonic() - stuck_since > STUCK_SECONDS:
+                                    pf.failed[u] = self._too_small(u, size)
+                                    pf.cond.notify_all()
+                            pf.cond.wait(POLL_SECONDS)
+                            continue
+                    stuck_since = None
+                    pf.start_fetch(u, part)
+                self._touch()
+        except BaseException as exc:  # noqa: BLE001 - handed to the batches that wait
+            with pf.cond:
+                for k in range(self.pos, len(self.ahead)):
+                    for u in self.ahead[k][2]:
+                        if not pf.is_present(u):
+                            pf.failed.setdefault(u, exc)
+                pf.cond.notify_all()
+
+    def _next_job(self):
+        """``(unit, its first batch)`` to fetch next, in the order of first need;
+        None when nothing may start now."""
+        pf = self.pf
+        if len(pf.inflight) >= max(2, pf.units.max_requests):
+            return None
+        k = self.scan
+        while True:
+            if k >= len(self.ahead):
+                # Look further only while what lies ahead fits the cache.
+                if self.ahead_bytes > self.units.cache.bound or not self._pull():
+                    return None
+                continue
+            complete = True
+            for u in self.ahead[k][2]:
+                if pf.is_present(u) or u in pf.failed:
+                    continue
+                complete = False
+                if not pf.busy(u):
+                    return u, k
+            if complete and k == self.scan:
+                self.scan = k + 1
+            k += 1
+
+    def _place_fetched(self):
+        """Put the files fetched into memory into the cache, as room allows."""
+        pf = self.pf
+        for u in list(pf.fetched):
+            data = pf.fetched[u]
+            first = self.next_use(u)
+            part = self._make_room(u, len(data), self.pos if first is None else first)
+            if part is None:
+                continue   # at a later turn, once batches in flight are done
+            del pf.fetched[u]
+            try:
+                part.write_at(0, data)
+                part.commit()
+            except BaseException as exc:  # noqa: BLE001
+                part.abort()
+                pf.failed[u] = exc
+                continue
+            pf.present.add(u)
+            pf.seen.add(u)
+
+    def _make_room(self, u, size, first):
+        """A cache file for ``u`` (first needed by batch ``first``), evicting what the
+        epoch needs latest after ``first`` (never needed: first of all), then
+        leftovers no loader uses; None when no room can be made now."""
+        pf, units, cache = self.pf, self.units, self.units.cache
+        key = units.key(u)
+        while True:
+            part = cache.begin(key, size)
+            if part is not None:
+                return part
+            victim = self._victim(first)
+            if victim is None:
+                return None
+            if isinstance(victim, str):
+                cache.evict(victim)
+                continue
+            pf.present.discard(victim)
+            cache.evict(units.key(victim))
+            nxt = self.next_use(victim)
+            if nxt is not None:
+                self.scan = min(self.scan, nxt)
+
+    def _victim(self, first):
+        """What to evict for a unit first needed at batch ``first``: the unit of ours
+        needed latest (after ``first``), not read by a batch in flight; else a
+        leftover of no live loader (a key); None when there is neither."""
+        pf = self.pf
+        best, best_use = None, -1.0
+        for v in pf.present:
+            nxt = self.next_use(v)
+            if nxt is not None and nxt < self.pos:
+                continue     # read by a batch in flight
+            use = float("inf") if nxt is None else float(nxt)
+            if use <= first or use <= best_use or pf.pinned(v, but=self):
+                continue
+            best, best_use = v, use
+        if best is not None:
+            return best
+        now = time.monotonic()
+        if now - self._stale[0] > 1.0:
+            ours = {self.units.key(v) for v in pf.present}
+            ours.update(self.units.key(v) for v in pf.inflight)
+            self._stale = (now, [k for k, _ in self.units.cache.stale(ours)])
+        return self._stale[1].pop(0) if self._stale[1] else None
+
+    def _touch(self):
+        now = time.monotonic()
+        if now - self._touched > TOUCH_SECONDS:
+            self._touched = now
+            with self.pf.cond:
+                keys = [self.units.key(v) for v in self.pf.present]
+            self.units.cache.touch(keys)
+
+    def _too_small(self, u, size):
+        cache = self.units.cache
+        return OSError(errno.ENOSPC,
+                       f"the cache cannot hold what the next batch reads: {self.units.name(u)} "
+                       f"({size} bytes) does not fit in cache_bytes={cache.bound} bytes beside "
+                       f"the {cache.used()} bytes in use (by this loader's batches in flight, "
+                       f"or by other loaders sharing {cache.folder!r}); raise cache_bytes, or "
+                       f"lower shuffle_window or the batch size")

@@ -1,0 +1,384 @@
+"""Image data in object storage: naming shards and files by URL, listing them, their indexes and the cache's bound."""
+from __future__ import annotations
+
+import asyncio
+import errno
+import io
+import os
+import shutil
+import sys
+import time
+
+import numpy as np
+
+from .._cache import Cache, default_cache_dir, entry_key
+from .._prefetch import BLOCK_BYTES, Units
+from .._retry import Retry
+from .._store import Store
+from .._urls import expand_braces, is_remote, local_path, redact, scheme_of
+from ._tarindex import _TAR_INDEX_VERSION, _TarIndex
+
+__all__ = ["REMOTE_WINDOW", "SIDECAR_SUFFIX", "MIN_FILES_CACHE_BYTES", "names_of",
+           "remote_shards", "RemoteReader", "check_window"]
+
+#: ``shuffle_window`` when any shard is remote and none is given: 16 shards
+#: read at once mix samples from 16 places of the dataset, and 16 shards of
+#: about 100 MB (twice that with the prefetch) fit an ordinary disk.
+REMOTE_WINDOW = 16
+#: The index written beside a shard (local shards keep theirs under this name too).
+SIDECAR_SUFFIX = ".idx.npz"
+#: The smallest cache for image files named by URL: room for the files of the
+#: batches in flight (a few hundred photos of a few hundred KB).
+MIN_FILES_CACHE_BYTES = 64 << 20
+#: The cache for image files by default: at most this, or half the disk's free space.
+FILES_CACHE_BYTES = 4 << 30
+#: Objects asked about at once (HEADs, sidecars) when a dataset is built.
+_CONCURRENT_LOOKUPS = 32
+#: The index keys, as the local index cache stores them.
+_INDEX_KEYS = ("offset", "size", "label", "keys", "key_offsets", "ext")
+
+
+def names_of(values, what, name):
+    """The names ``values`` stand for, in order: each str with its brace ranges
+    expanded (a local file whose name has braces is taken as it is), local
+    paths made absolute, URLs kept as given."""
+    if isinstance(values, (str, bytes, os.PathLike)):
+        values = [values]
+    try:
+        items = list(values)
+    except TypeError:
+        raise TypeError(f"{what}: {name} must be a sequence of file names, got {values!r} "
+                        f"(paths or URLs)") from None
+    out = []
+    for k, v in enumerate(items):
+        if isinstance(v, os.PathLike):
+            v = os.fspath(v)
+        if isinstance(v, bytes):
+            out.append(os.fsdecode(os.path.abspath(v)))
+            continue
+        if not isinstance(v, str):
+            raise TypeError(f"{what}: {name}[{k}] is {v!r}, not a file name or a URL (str, "
+                            f"bytes or os.PathLike)")
+        scheme_of(v)   # an unknown scheme is a ValueError naming it
+        if "{" in v and not (not is_remote(v) and os.path.exists(local_path(v))):
+            expanded = expand_braces(v)
+        else:
+            expanded = [v]
+        for e in expanded:
+            out.append(e if is_remote(e) else os.path.abspath(local_path(e)))
+    return out
+
+
+def check_window(shuffle_window, what):
+    if shuffle_window is None:
+        return None
+    if (isinstance(shuffle_window, bool) or not isinstance(shuffle_window, int)
+            or shuffle_window < 1):
+        raise ValueError(f"{what}: shuffle_window must be None or a number of shards >= 1, "
+                         f"got {shuffle_window!r}")
+    return int(shuffle_window)
+
+
+def _count(value, name, what, minimum=0):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{what}: {name} must be None or an int >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def store_of(urls, storage_options, retry, what):
+    """The one :class:`Store` of the remote names ``urls`` (one scheme per dataset)."""
+    schemes = sorted({scheme_of(u) for u in urls})
+    protocols = {s if s not in ("s3a",) else "s3" for s in schemes}
+    if len(protocols) > 1:
+        raise ValueError(f"{what}: the URLs use several schemes ({', '.join(schemes)}); one "
+                         f"dataset reads one store: build one dataset per store and join them "
+                         f"with ConcatDataset")
+    if retry is not None and not isinstance(retry, Retry):
+        raise TypeError(f"{what}: retry must be a netcl_loader.images.Retry, got {retry!r}")
+    return Store(schemes[0], storage_options, retry)
+
+
+# --------------------------------------------------------------------------
+# Listing
+
+
+def infos_of(store, urls, with_sidecars):
+    """``(infos, sidecars)``: an :class:`~.._store.ObjectInfo` per URL, and the set of
+    URLs whose sidecar index is there.  Listings where the store has them (one
+    request per folder), HEADs otherwise; a missing object or bucket is a
+    FileNotFoundError naming it, refused credentials a PermissionError."""
+    listable = store.protocol not in ("http", "https")
+
+    async def run():
+        sem = asyncio.Semaphore(_CONCURRENT_LOOKUPS)
+        if listable:
+            parents = sorted({u.rsplit("/", 1)[0] for u in urls})
+
+            async def ls(parent):
+                async with sem:
+                    try:
+                        return await store.ls(parent)
+                    except (FileNotFoundError, PermissionError) as exc:
+                        # Named by the first shard in the folder: what the caller gave.
+                        first = next(u for u in urls if u.rsplit("/", 1)[0] == parent)
+                        raise type(exc)(exc.errno, f"{exc.strerror} (listing "
+                                                   f"{redact(parent)}/)", redact(first)) from None
+            found = {}
+            for listing in await asyncio.gather(*(ls(p) for p in parents)):
+                found.update(listing)
+            infos = []
+            for u in urls:
+                if u not in found:
+                    raise FileNotFoundError(errno.ENOENT, "no such object (not in the listing "
+                                                          "of its folder)", redact(u))
+                infos.append(found[u])
+            sidecars = {u for u in urls if u + SIDECAR_SUFFIX in found}
+            return infos, sidecars
+
+        async def head(u):
+            async with sem:
+                return await store.info(u)
+        infos = await asyncio.gather(*(head(u) for u in urls))
+        sidecars = set()
+        if with_sidecars:
+            async def probe(u):
+                async with sem:
+                    try:
+                        await store.info(u + SIDECAR_SUFFIX)
+                        return u
+                    except FileNotFoundError:
+                        return None
+            sidecars = {u for u in await asyncio.gather(*(probe(u) for u in urls)) if u}
+        return list(infos), sidecars
+    return store.sync(run)
+
+
+# --------------------------------------------------------------------------
+# Indexes
+
+
+def strong_etag(etag):
+    """The ETag requests may be made conditional on: a weak one (``W/...``) never
+    matches If-Match, so none is sent for it (the version still keys the cache)."""
+    return None if etag is None or etag.startswith("W/") else etag
+
+
+class RemoteReader(io.RawIOBase):
+    """A remote object read once from start to end, in ranged requests of
+    BLOCK_BYTES (each retried from its last byte), its bytes also written into
+    ``part`` (a cache entry) when one is given."""
+
+    def __init__(self, store, info, part=None, progress=None):
+        self.store, self.info, self.part, self.progress = store, info, part, progress
+        self.pos = 0
+        self.buf = b""
+        self.buf_at = 0
+
+    def readable(self):
+        return True
+
+    def readinto(self, b):
+        if self.buf_at >= len(self.buf):
+            if self.pos >= self.info.size:
+                return 0
+            hi = min(self.pos + BLOCK_BYTES, self.info.size)
+            chunks = []
+            self.store.sync(self.store.fetch, self.info.url, self.pos, hi, chunks.append,
+                            strong_etag(self.info.etag))
+            self.buf, self.buf_at = b"".join(chunks), 0
+            if self.part is not None:
+                self.part.write_at(self.pos, self.buf)
+            self.pos = hi
+            if self.progress is not None:
+                self.progress(len(self.buf))
+        n = min(len(b), len(self.buf) - self.buf_at)
+        b[:n] = self.buf[self.buf_at:self.buf_at + n]
+        self.buf_at += n
+        return n
+
+    def drain(self):
+        """Read to the end (tarfile stops at the end-of-archive blocks)."""
+        while self.readinto(bytearray(BLOCK_BYTES)):
+            pass
+
+
+def _index_from_npz(data, version):
+    try:
+        with np.load(io.BytesIO(data) if isinstance(data, bytes) else data) as z:
+            if (int(z["layout"]) == _TAR_INDEX_VERSION and str(z["source"]) == version):
+                return {k: z[k] for k in _INDEX_KEYS}
+    except Exception:  # noqa: BLE001 - missing, stale layout or damaged: built again
+        pass
+    return None
+
+
+def index_npz(index, version):
+    """The bytes of an index file for the shard version ``version``."""
+    out = io.BytesIO()
+    np.savez(out, layout=np.int64(_TAR_INDEX_VERSION), source=np.array(version), **index)
+    return out.getvalue()
+
+
+class _Progress:
+    """A progress bar over bytes on stderr (tqdm's where installed, else a line
+    every few seconds)."""
+
+    def __init__(self, total, what):
+        self.total, self.what, self.done = total, what, 0
+        self.bar = None
+        self.last = 0.0
+        try:
+            from tqdm.auto import tqdm
+            self.bar = tqdm(total=total, unit="B", unit_scale=True, desc=what, leave=False)
+        except ImportError:
+            pass
+
+    def __call__(self, n):
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+        elif time.monotonic() - self.last > 2.0:
+            self.last = time.monotonic()
+            print(f"{self.what}: {self.done / 2**20:.0f} of {self.total / 2**20:.0f} MiB",
+                  file=sys.stderr, flush=True)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+def build_remote_index(store, info, part=None, progress=None):
+    """The index of one remote shard, from one streaming pass over it."""
+    reader = RemoteReader(store, info, part, progress)
+    index = _TarIndex.build(redact(info.url), fileobj=io.BufferedReader(reader, 1 << 16))
+    if part is not None:
+        reader.drain()
+    return index
+
+
+def remote_indexes(store, infos, sidecars, cache, what):
+    """The index of every remote shard: its sidecar (if it was written for this
+    version), else the cache's copy, else one streaming pass (shown by a
+    progress bar, and kept in the cache; the bytes read go into the cache
+    too where it has room)."""
+    out = [None] * len(infos)
+
+    async def fetch_sidecars():
+        sem = asyncio.Semaphore(_CONCURRENT_LOOKUPS)
+
+        async def one(k):
+            async with sem:
+                try:
+                    return k, await store.read(infos[k].url + SIDECAR_SUFFIX)
+                except FileNotFoundError:
+                    return k, None
+        return await asyncio.gather(*(one(k) for k, i in enumerate(infos) if i.url in sidecars))
+    for k, data in store.sync(fetch_sidecars):
+        if data is not None:
+            out[k] = _index_from_npz(data, infos[k].version)
+    todo = []
+    for k, info in enumerate(infos):
+        if out[k] is not None:
+            continue
+        key = entry_key(info.url, info.version)
+        cached = cache.index_path(key)
+        if os.path.exists(cached):
+            out[k] = _index_from_npz(cached, info.version)
+        if out[k] is None:
+            todo.append(k)
+    if todo:
+        bar = _Progress(sum(infos[k].size for k in todo),
+                        f"{what}: indexing {len(todo)} shards")
+        try:
+            for k in todo:
+                info = infos[k]
+                key = entry_key(info.url, info.version)
+                part = None if cache.has(key) else cache.begin(key, info.size)
+                try:
+                    index = build_remote_index(store, info, part, bar)
+                except BaseException:
+                    if part is not None:
+                        part.abort()
+                    raise
+                if part is not None:
+                    part.commit()
+                _write_atomic(cache.index_path(key), index_npz(index, info.version))
+                out[k] = index
+        finally:
+            bar.close()
+    return out
+
+
+def _write_atomic(path, data):
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+# --------------------------------------------------------------------------
+# The cache's bound
+
+
+def make_cache(cache_dir, cache_bytes, need, want, what, need_text):
+    """The cache for a dataset: ``cache_bytes`` checked against ``need`` (what the
+    window and the prefetch hold at once), or by default ``want`` bytes (what
+    is worth holding) within half the disk's free space, never below ``need``."""
+    folder = default_cache_dir() if cache_dir is None else os.fspath(cache_dir)
+    cache_bytes = _count(cache_bytes, "cache_bytes", what, 1)
+    if cache_bytes is not None and cache_bytes < need:
+        raise ValueError(f"{what}: cache_bytes={cache_bytes} is too small: {need_text}, "
+                         f"{need} bytes in all; give cache_bytes >= {need}")
+    os.makedirs(folder, exist_ok=True)
+    if cache_bytes is None:
+        free = shutil.disk_usage(folder).free
+        cache_bytes = max(need, min(want, free // 2))
+        if cache_bytes > free:
+            raise ValueError(f"{what}: the cache folder {folder!r} has {free} bytes free, "
+                             f"less than the {need} bytes the cache needs ({need_text}); "
+                             f"give another cache_dir or a smaller shuffle_window")
+    return Cache(folder, cache_bytes)
+
+
+def remote_shards(names, storage_options, retry, cache_dir, cache_bytes, window, prefetch, what):
+    """What TarImages needs of its remote shards: ``(indexes, units)`` with
+    ``indexes[k]`` None for a local shard (indexed where it lies)."""
+    prefetch = _count(prefetch, "prefetch_shards", what, 0)
+    remote = [is_remote(n) for n in names]
+    urls = [n for n, r in zip(names, remote) if r]
+    store = store_of(urls, storage_options, retry, what)
+    infos, sidecars = infos_of(store, urls, with_sidecars=True)
+    sizes = [i.size for i in infos]
+    biggest = max(sizes)
+    w = min(window, len(urls))
+    p = min(window if prefetch is None else prefetch, len(urls) - w)
+    need = (w + p) * biggest
+    need_text = (f"the window of {w} shards needs {w * biggest} bytes and the prefetch of {p} "
+                 f"shards {p * biggest} bytes (the largest shard is {biggest} bytes); or "
+                 f"lower shuffle_window or prefetch_shards")
+    cache = make_cache(cache_dir, cache_bytes, need, max(need, sum(sizes)), what, need_text)
+    indexes = remote_indexes(store, infos, sidecars, cache, what)
+    it = iter(zip(infos, indexes))
+    all_sizes, versions, etags, out = [], [], [], []
+    for n, r in zip(names, remote):
+        if r:
+            info, index = next(it)
+            all_sizes.append(info.size)
+            versions.append(info.version)
+            etags.append(strong_etag(info.etag))
+            out.append(index)
+        else:
+            all_sizes.append(-1)
+            versions.append("")
+            etags.append(None)
+            out.append(None)
+    units = Units(list(names), remote, all_sizes, versions, etags, store, cache)
+    return out, units

