@@ -1,0 +1,298 @@
+"""Annotation readers for detection data: WIDER FACE's ground-truth text and COCO's JSON."""
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+
+import numpy as np
+
+__all__ = ["parse_wider", "parse_coco", "WIDER_ATTRIBUTES", "WIDER_SPLITS"]
+
+#: The six attribute columns after ``x y w h`` on a face line, in the order of
+#: the official ``readme.txt`` shipped in ``wider_face_split.zip`` ("x1, y1, w,
+#: h, blur, expression, illumination, invalid, occlusion, pose").  torchvision's
+#: ``WIDERFace`` names the last three ``occlusion, pose, invalid`` instead; the
+#: data sides with the readme: the ninth column holds 2s (``304 265 16 17 2 0 0
+#: 0 2 1`` in ``0_Parade_marchingband_1_799.jpg`` of the train file), and of the
+#: last three only occlusion (no/partial/heavy: 0, 1, 2) takes the value 2;
+#: invalid and pose are 0 or 1.
+WIDER_ATTRIBUTES = ("blur", "expression", "illumination", "invalid", "occlusion", "pose")
+_INVALID = WIDER_ATTRIBUTES.index("invalid")
+_WIDER_FIELDS = 4 + len(WIDER_ATTRIBUTES)
+#: The splits with a ground-truth file (``wider_face_{split}_bbx_gt.txt``);
+#: the test split ships only a file list, with no boxes.
+WIDER_SPLITS = ("train", "val", "test")
+
+
+def _wider_error(gt_file, lineno, what):
+    return ValueError(f"{os.fspath(gt_file)!s}, line {lineno}: {what}")
+
+
+def parse_wider(gt_file):
+    """Read WIDER FACE's ``wider_face_{split}_bbx_gt.txt``.
+
+    The file holds, per image, a path line (relative to
+    ``WIDER_{split}/images``), a line with the number of faces ``n``, then
+    ``n`` lines of ten integers ``x y w h blur expression illumination invalid
+    occlusion pose`` (``x, y`` the top-left corner, ``w, h`` the size in
+    pixels).  An image with no face is written ``0`` followed by one line of
+    ten zeros.  Faces marked ``invalid=1`` and faces of zero width or height
+    are left out (as the WIDER FACE evaluation ignores them); an image left
+    with no face is kept.
+
+    Parameters
+    ----------
+    gt_file : str or os.PathLike
+        The ground-truth text file.
+
+    Returns
+    -------
+    names : list of str
+        Image paths relative to ``WIDER_{split}/images``, in file order.
+    boxes : list of ndarray
+        Per image, float32 ``(n, 4)`` XYWH boxes of the faces kept.
+    attrs : list of ndarray
+        Per image, int8 ``(n, 6)``: the kept faces' attributes in
+        :data:`WIDER_ATTRIBUTES` order.
+
+    Raises
+    ------
+    ValueError
+        Malformed input, naming the file and the line: a count that is not a
+        non-negative integer, a face line without ten integers, a negative
+        width or height, an ``invalid`` flag other than 0 or 1, the line of
+        a zero-face image not all zeros, or the file ending inside an entry.
+    """
+    with open(gt_file, "r", encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    # Trailing blank lines are tolerated (an editor's final newline); a blank
+    # line anywhere else is a malformed entry.
+    end = len(lines)
+    while end and not lines[end - 1].strip():
+        end -= 1
+    names, boxes, attrs = [], [], []
+    i = 0
+    while i < end:
+        name = lines[i].strip()
+        if not name:
+            raise _wider_error(gt_file, i + 1, "expected an image path, got a blank line")
+        if i + 1 >= end:
+            raise _wider_error(gt_file, i + 1, f"the file ends after the path {name!r}: "
+                               "expected a line with its number of faces")
+        count_text = lines[i + 1].strip()
+        try:
+            count = int(count_text)
+        except ValueError:
+            count = -1
+        if count < 0:
+            raise _wider_error(gt_file, i + 2, f"expected the number of faces of {name!r} (an "
+                               f"integer >= 0), got {count_text!r}")
+        # A zero-face image still has one (all-zero) face line.
+        rows = max(count, 1)
+        first = i + 2
+        if first + rows > end:
+            raise _wider_error(gt_file, i + 2,
+                               f"the file ends inside the entry of {name!r}: this line "
+                               f"announces {count} faces ({rows} face lines), "
+                               f"{end - first} follow")
+        values = np.empty((rows, _WIDER_FIELDS), dtype=np.int64)
+        for k in range(rows):
+            text = lines[first + k]
+            fields = text.split()
+            try:
+                if len(fields) != _WIDER_FIELDS:
+                    raise ValueError
+                values[k] = [int(v) for v in fields]
+            except ValueError:
+                raise _wider_error(
+                    gt_file, first + k + 1,
+                    f"expected a face of {name!r} as {_WIDER_FIELDS} integers "
+                    f"'x y w h {' '.join(WIDER_ATTRIBUTES)}', got {text.strip()!r}") from None
+        if count == 0:
+            if values.any():
+                raise _wider_error(gt_file, first + 1,
+                                   f"{name!r} has 0 faces: its one face line must be all "
+                                   f"zeros, got {lines[first].strip()!r}")
+            values = values[:0]
+        bad = np.flatnonzero((values[:, 2] < 0) | (values[:, 3] < 0))
+        if bad.size:
+            k = int(bad[0])
+            raise _wider_error(gt_file, first + k + 1,
+                               f"face of {name!r} has a negative width or height "
+                               f"(w={values[k, 2]}, h={values[k, 3]})")
+        bad = np.flatnonzero((values[:, 4 + _INVALID] != 0) & (values[:, 4 + _INVALID] != 1))
+        if bad.size:
+            k = int(bad[0])
+            raise _wider_error(gt_file, first + k + 1,
+                               f"face of {name!r} has invalid={values[k, 4 + _INVALID]}; "
+                               "expected 0 or 1")
+        keep = (values[:, 4 + _INVALID] == 0) & (values[:, 2] > 0) & (values[:, 3] > 0)
+        values = values[keep]
+        names.append(name)
+        boxes.append(values[:, :4].astype(np.float32))
+        attrs.append(values[:, 4:].astype(np.int8))
+        i = first + rows
+    return names, boxes, attrs
+
+
+def parse_wider_list(list_file):
+    """Image paths of WIDER FACE's ``wider_face_test_filelist.txt`` (one a line)."""
+    with open(list_file, "r", encoding="utf-8") as f:
+        return [line.strip() for line in f.read().splitlines() if line.strip()]
+
+
+def _coco_error(ann_file, where, what):
+    return ValueError(f"{os.fspath(ann_file)!s}: {where}: {what}")
+
+
+def _is_int(v):
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def parse_coco(ann_file):
+    """Read a COCO-format detection JSON (``instances_*.json``).
+
+    Parameters
+    ----------
+    ann_file : str or os.PathLike
+        The annotation file: an object with ``images`` (each with an integer
+        ``id`` and a ``file_name``), ``annotations`` (each with ``image_id``,
+        ``bbox`` ``[x, y, width, height]`` in pixels, ``category_id`` and
+        optionally ``iscrowd``) and ``categories`` (``id`` and ``name``).
+        ``annotations`` may be absent (an image-info file such as
+        test-dev's): every image then has no box.
+
+    Returns
+    -------
+    dict
+        ``file_names`` (list of str), ``image_ids`` (int64 ``(N,)``, COCO's
+        ids), ``boxes`` (per image float32 ``(n, 4)`` XYWH), ``labels`` (per
+        image int64 ``(n,)``, the category ids), ``crowd`` (per image bool
+        ``(n,)``, ``iscrowd``), ``classes`` (``{category id: name}``).
+        Images are in increasing id order (torchvision's ``CocoDetection``
+        order), each image's boxes in file order; images without
+        annotations are kept with empty arrays.  Nothing is dropped here:
+        the reader leaves crowd boxes out unless asked.
+
+    Raises
+    ------
+    ValueError
+        Malformed input, naming the file, the JSON key (with its index and
+        ``id``) and the image: not JSON, a missing or mistyped key, a
+        duplicate image or category id, an annotation of an unknown image or
+        category, a ``bbox`` that is not four finite numbers or has a
+        negative width or height, ``iscrowd`` other than 0 or 1.
+    """
+    try:
+        with open(ann_file, "rb") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as exc:
+        raise _coco_error(ann_file, f"line {exc.lineno}, column {exc.colno}",
+                          f"not valid JSON ({exc.msg})") from None
+    if not isinstance(data, dict):
+        raise _coco_error(ann_file, "top level", "expected a JSON object with 'images', "
+                          f"'annotations' and 'categories', got a {type(data).__name__}")
+
+    def listed(key, required):
+        if key not in data:
+            if required:
+                raise _coco_error(ann_file, "top level", f"missing the key {key!r} (a list)")
+            return []
+        value = data[key]
+        if not isinstance(value, list):
+            raise _coco_error(ann_file, key, f"expected a list, got a {type(value).__name__}")
+        return value
+
+    images = listed("images", True)
+    annotations = listed("annotations", False)
+    categories = listed("categories", bool(annotations))
+
+    classes = {}
+    for k, cat in enumerate(categories):
+        where = f"categories[{k}]"
+        if not isinstance(cat, dict) or not _is_int(cat.get("id")):
+            raise _coco_error(ann_file, where, f"expected an object with an integer 'id', "
+                              f"got {_short(cat)}")
+        cid = int(cat["id"])
+        if cid in classes:
+            raise _coco_error(ann_file, where, f"category id {cid} appears twice")
+        name = cat.get("name")
+        if not isinstance(name, str):
+            raise _coco_error(ann_file, where, f"category {cid}: expected a string 'name', "
+                              f"got {_short(name)}")
+        classes[cid] = name
+
+    ids, file_names, row_of = [], [], {}
+    for k, img in enumerate(images):
+        where = f"images[{k}]"
+        if not isinstance(img, dict) or not _is_int(img.get("id")):
+            raise _coco_error(ann_file, where, f"expected an object with an integer 'id', "
+                              f"got {_short(img)}")
+        iid = int(img["id"])
+        if iid in row_of:
+            raise _coco_error(ann_file, where, f"image id {iid} appears twice "
+                              f"(first at images[{row_of[iid]}])")
+        fn = img.get("file_name")
+        if not isinstance(fn, str) or not fn:
+            raise _coco_error(ann_file, where, f"image {iid}: expected a non-empty string "
+                              f"'file_name', got {_short(fn)}")
+        row_of[iid] = k
+        ids.append(iid)
+        file_names.append(fn)
+
+    per_image = [[] for _ in images]
+    for k, ann in enumerate(annotations):
+        where = f"annotations[{k}]"
+        if not isinstance(ann, dict):
+            raise _coco_error(ann_file, where, f"expected an object, got {_short(ann)}")
+        if "id" in ann:
+            where += f" (id {ann['id']!r})"
+        iid = ann.get("image_id")
+        if not _is_int(iid) or int(iid) not in row_of:
+            raise _coco_error(ann_file, where, f"image_id {_short(iid)} is not the id of an "
+                              "entry of 'images'")
+        row = row_of[int(iid)]
+        image = f"image {int(iid)} ({file_names[row]!r})"
+        bbox = ann.get("bbox")
+        ok = (isinstance(bbox, (list, tuple)) and len(bbox) == 4
+              and all(isinstance(v, numbers.Real) and not isinstance(v, bool)
+                      and math.isfinite(v) for v in bbox))
+        if not ok:
+            raise _coco_error(ann_file, f"{where}.bbox", f"{image}: expected 4 finite numbers "
+                              f"[x, y, width, height], got {_short(bbox)}")
+        if bbox[2] < 0 or bbox[3] < 0:
+            raise _coco_error(ann_file, f"{where}.bbox", f"{image}: negative width or height "
+                              f"in {list(bbox)!r} ([x, y, width, height])")
+        cid = ann.get("category_id")
+        if not _is_int(cid) or int(cid) not in classes:
+            raise _coco_error(ann_file, f"{where}.category_id", f"{image}: {_short(cid)} is "
+                              "not the id of an entry of 'categories'")
+        crowd = ann.get("iscrowd", 0)
+        if not (_is_int(crowd) or isinstance(crowd, bool)) or int(crowd) not in (0, 1):
+            raise _coco_error(ann_file, f"{where}.iscrowd", f"{image}: expected 0 or 1, got "
+                              f"{_short(crowd)}")
+        per_image[row].append((bbox, int(cid), bool(crowd)))
+
+    # torchvision's CocoDetection walks the images in sorted id order.
+    order = sorted(range(len(ids)), key=ids.__getitem__)
+    out_boxes, out_labels, out_crowd = [], [], []
+    for row in order:
+        anns = per_image[row]
+        out_boxes.append(np.array([a[0] for a in anns], dtype=np.float32).reshape(-1, 4))
+        out_labels.append(np.array([a[1] for a in anns], dtype=np.int64))
+        out_crowd.append(np.array([a[2] for a in anns], dtype=bool))
+    return {
+        "file_names": [file_names[r] for r in order],
+        "image_ids": np.array([ids[r] for r in order], dtype=np.int64),
+        "boxes": out_boxes,
+        "labels": out_labels,
+        "crowd": out_crowd,
+        "classes": classes,
+    }
+
+
+def _short(value, limit=60):
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -1,0 +1,233 @@
+"""The detection readers: WIDER FACE's ground-truth text and COCO's JSON, on small trees in
+the official layouts made from real photos (boxes synthetic)."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from images_util import encode_jpeg, photo_region
+from netcl_loader.images._readers import WIDER_ATTRIBUTES, parse_coco, parse_wider
+
+# ----------------------------------------------------------------------------- builders
+
+
+def _write_photo(path, rng, size):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(encode_jpeg(photo_region(rng, size), quality=90))
+
+
+def _face_line(x, y, w, h, blur=0, expression=0, illumination=0, invalid=0, occlusion=0,
+               pose=0):
+    # The official files end every face line with a space.
+    return f"{x} {y} {w} {h} {blur} {expression} {illumination} {invalid} {occlusion} {pose} "
+
+
+def make_wider(root, split="train", seed=0, size=(320, 240)):
+    """A WIDER FACE tree under ``root``: ``WIDER_{split}/images/<event>/<name>.jpg`` and
+    ``wider_face_split/wider_face_{split}_bbx_gt.txt``.
+
+    Returns (gt_file, expected) with ``expected`` a list of (name, kept boxes xywh,
+    kept attrs) in file order, as ``parse_wider`` must give them.
+    """
+    rng = np.random.default_rng(seed)
+    entries = [
+        ("0--Parade/0_Parade_marchingband_1_1.jpg", [
+            (10, 20, 30, 40, dict(blur=2)),
+            (100, 50, 12, 15, dict(occlusion=2, pose=1)),
+            (5, 5, 8, 9, dict(invalid=1)),          # invalid: left out
+            (60, 60, 0, 10, dict()),                # zero width: left out
+        ]),
+        ("0--Parade/0_Parade_Parade_0_2.jpg", []),  # no face: "0" + one zero line
+        ("1--Handshaking/1_Handshaking_3.jpg", [
+            (0, 0, 320, 240, dict(expression=1, illumination=1, occlusion=1)),
+        ]),
+        ("1--Handshaking/1_Handshaking_4.jpg", [
+            (200, 100, 10, 0, dict(blur=1)),        # zero height: left out (none kept)
+        ]),
+    ]
+    lines, expected = [], []
+    for name, faces in entries:
+        _write_photo(os.path.join(root, f"WIDER_{split}", "images", name), rng, size)
+        lines.append(name)
+        lines.append(str(len(faces)))
+        if not faces:
+            lines.append(_face_line(0, 0, 0, 0))
+        kept_b, kept_a = [], []
+        for x, y, w, h, attrs in faces:
+            lines.append(_face_line(x, y, w, h, **attrs))
+            if not attrs.get("invalid") and w > 0 and h > 0:
+                kept_b.append((x, y, w, h))
+                kept_a.append([attrs.get(k, 0) for k in WIDER_ATTRIBUTES])
+        expected.append((name, np.array(kept_b, np.float32).reshape(-1, 4),
+                         np.array(kept_a, np.int8).reshape(-1, 6)))
+    gt = os.path.join(root, "wider_face_split", f"wider_face_{split}_bbx_gt.txt")
+    os.makedirs(os.path.dirname(gt), exist_ok=True)
+    with open(gt, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return gt, expected
+
+
+def make_coco(root, seed=0, size=(320, 240)):
+    """A COCO tree: ``root/images/*.jpg`` and ``root/annotations/instances.json``.
+
+    Image ids are not in file order; one image has no annotation; one box is a crowd.
+    Returns (ann_file, doc)."""
+    rng = np.random.default_rng(seed)
+    images = [
+        {"id": 42, "file_name": "000000000042.jpg", "width": size[0], "height": size[1]},
+        {"id": 7, "file_name": "000000000007.jpg", "width": size[0], "height": size[1]},
+        {"id": 19, "file_name": "000000000019.jpg", "width": size[0], "height": size[1]},
+    ]
+    for img in images:
+        _write_photo(os.path.join(root, "images", img["file_name"]), rng, size)
+    annotations = [
+        {"id": 1, "image_id": 42, "bbox": [10.5, 20.25, 30.0, 40.0], "category_id": 3,
+         "iscrowd": 0, "area": 1200.0},
+        {"id": 2, "image_id": 7, "bbox": [0, 0, 100, 50], "category_id": 1, "iscrowd": 0},
+        {"id": 3, "image_id": 42, "bbox": [200, 100, 50, 60], "category_id": 1, "iscrowd": 1},
+        {"id": 4, "image_id": 42, "bbox": [5, 6, 7, 8], "category_id": 1},  # iscrowd absent
+    ]
+    categories = [{"id": 1, "name": "person", "supercategory": "person"},
+                  {"id": 3, "name": "car", "supercategory": "vehicle"}]
+    doc = {"info": {}, "licenses": [], "images": images, "annotations": annotations,
+           "categories": categories}
+    ann = os.path.join(root, "annotations", "instances.json")
+    os.makedirs(os.path.dirname(ann), exist_ok=True)
+    with open(ann, "w") as f:
+        json.dump(doc, f)
+    return ann, doc
+
+
+def _write(tmp_path, text, name="gt.txt"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+# ----------------------------------------------------------------------------- WIDER FACE
+
+
+def test_parse_wider_official_layout(tmp_path):
+    gt, expected = make_wider(str(tmp_path))
+    names, boxes, attrs = parse_wider(gt)
+    assert names == [e[0] for e in expected]
+    for (name, want_b, want_a), b, a in zip(expected, boxes, attrs):
+        assert b.dtype == np.float32 and b.shape == want_b.shape, name
+        assert a.dtype == np.int8 and a.shape == want_a.shape, name
+        np.testing.assert_array_equal(b, want_b)
+        np.testing.assert_array_equal(a, want_a)
+        assert os.path.isfile(tmp_path / "WIDER_train" / "images" / name)
+    # The zero-face image and the image whose only face has zero height are kept, empty.
+    assert boxes[1].shape == (0, 4) and boxes[3].shape == (0, 4)
+    # Readme order: the ninth column (index 4 of the attributes) is occlusion.
+    assert WIDER_ATTRIBUTES[4] == "occlusion" and attrs[0][1, 4] == 2 and attrs[0][1, 5] == 1
+
+
+def test_parse_wider_tolerates_crlf_and_trailing_blank_lines(tmp_path):
+    text = "a/b.jpg\r\n1\r\n1 2 3 4 0 0 0 0 0 0 \r\nc/d.jpg\r\n0\r\n0 0 0 0 0 0 0 0 0 0\r\n\r\n\n"
+    path = tmp_path / "gt.txt"
+    path.write_bytes(text.encode())
+    names, boxes, _ = parse_wider(str(path))
+    assert names == ["a/b.jpg", "c/d.jpg"]
+    np.testing.assert_array_equal(boxes[0], [[1, 2, 3, 4]])
+    assert boxes[1].shape == (0, 4)
+
+
+@pytest.mark.parametrize("text, line, words", [
+    ("a.jpg\nmany\n", 2, "number of faces"),
+    ("a.jpg\n-1\n", 2, "number of faces"),
+    ("a.jpg\n1\n1 2 3 4 0 0 0 0 0\n", 3, "10 integers"),
+    ("a.jpg\n1\n1 2 3 4.5 0 0 0 0 0 0\n", 3, "10 integers"),
+    ("a.jpg\n0\n1 0 0 0 0 0 0 0 0 0\n", 3, "all zeros"),
+    ("a.jpg\n0\nb.jpg\n1\n1 2 3 4 0 0 0 0 0 0\n", 3, "10 integers"),   # the zero line missing
+    ("a.jpg\n2\n1 2 3 4 0 0 0 0 0 0\n", 2, "ends inside"),
+    ("a.jpg\n1\n1 2 -3 4 0 0 0 0 0 0\n", 3, "negative width"),
+    ("a.jpg\n1\n1 2 3 4 0 0 0 2 0 0\n", 3, "invalid=2"),
+    ("a.jpg\n1\n1 2 3 4 0 0 0 0 0 0\n\nb.jpg\n0\n0 0 0 0 0 0 0 0 0 0\n", 4, "blank line"),
+    ("a.jpg\n", 1, "number of faces"),
+])
+def test_parse_wider_malformed_names_file_and_line(tmp_path, text, line, words):
+    path = _write(tmp_path, text, "wider_face_train_bbx_gt.txt")
+    with pytest.raises(ValueError) as err:
+        parse_wider(path)
+    msg = str(err.value)
+    assert path in msg and f"line {line}:" in msg and words in msg, msg
+
+
+# ----------------------------------------------------------------------------- COCO
+
+
+def test_parse_coco_official_layout(tmp_path):
+    ann, _ = make_coco(str(tmp_path))
+    out = parse_coco(ann)
+    # Sorted by image id (torchvision's CocoDetection order).
+    assert out["file_names"] == ["000000000007.jpg", "000000000019.jpg", "000000000042.jpg"]
+    assert out["image_ids"].dtype == np.int64
+    np.testing.assert_array_equal(out["image_ids"], [7, 19, 42])
+    assert out["classes"] == {1: "person", 3: "car"}
+    b7, b19, b42 = out["boxes"]
+    np.testing.assert_array_equal(b7, [[0, 0, 100, 50]])
+    assert b19.shape == (0, 4) and b19.dtype == np.float32     # no annotation: kept, empty
+    np.testing.assert_array_equal(b42, [[10.5, 20.25, 30, 40], [200, 100, 50, 60], [5, 6, 7, 8]])
+    np.testing.assert_array_equal(out["labels"][2], [3, 1, 1])
+    assert out["labels"][1].dtype == np.int64 and out["labels"][1].shape == (0,)
+    np.testing.assert_array_equal(out["crowd"][2], [False, True, False])
+    np.testing.assert_array_equal(out["crowd"][0], [False])
+
+
+def test_parse_coco_image_info_file_without_annotations(tmp_path):
+    path = _write(tmp_path, json.dumps({"images": [{"id": 3, "file_name": "a.jpg"}]}), "i.json")
+    out = parse_coco(path)
+    assert out["file_names"] == ["a.jpg"] and out["classes"] == {}
+    assert out["boxes"][0].shape == (0, 4)
+
+
+def _coco_doc(**change):
+    doc = {"images": [{"id": 5, "file_name": "five.jpg"}, {"id": 6, "file_name": "six.jpg"}],
+           "annotations": [{"id": 11, "image_id": 6, "bbox": [1, 2, 3, 4], "category_id": 1,
+                            "iscrowd": 0}],
+           "categories": [{"id": 1, "name": "face"}]}
+    for key, value in change.items():
+        if key.startswith("ann_"):
+            doc["annotations"][0][key[4:]] = value
+        else:
+            doc[key] = value
+    return doc
+
+
+@pytest.mark.parametrize("doc, words", [
+    (_coco_doc(ann_bbox=[1, 2, 3]), ["annotations[0] (id 11).bbox", "'six.jpg'", "4 finite"]),
+    (_coco_doc(ann_bbox=[1, 2, float("nan"), 4]), ["annotations[0] (id 11).bbox", "six.jpg"]),
+    (_coco_doc(ann_bbox=[1, 2, -3, 4]), ["annotations[0] (id 11).bbox", "six.jpg", "negative"]),
+    (_coco_doc(ann_image_id=99), ["annotations[0] (id 11)", "image_id 99"]),
+    (_coco_doc(ann_category_id=2), ["annotations[0] (id 11).category_id", "six.jpg"]),
+    (_coco_doc(ann_iscrowd=2), ["annotations[0] (id 11).iscrowd", "six.jpg", "0 or 1"]),
+    (_coco_doc(images=[{"id": 5, "file_name": "a.jpg"}, {"id": 5, "file_name": "b.jpg"}]),
+     ["images[1]", "image id 5 appears twice"]),
+    (_coco_doc(images=[{"id": "5", "file_name": "a.jpg"}]), ["images[0]", "integer 'id'"]),
+    (_coco_doc(images=[{"id": 5}]), ["images[0]", "file_name"]),
+    (_coco_doc(categories=[{"id": 1, "name": "a"}, {"id": 1, "name": "b"}]),
+     ["categories[1]", "category id 1 appears twice"]),
+    ({"annotations": []}, ["top level", "'images'"]),
+    (_coco_doc(annotations={"a": 1}), ["annotations", "expected a list"]),
+    ([1, 2], ["top level", "JSON object"]),
+])
+def test_parse_coco_malformed_names_file_key_and_image(tmp_path, doc, words):
+    path = _write(tmp_path, json.dumps(doc), "instances_bad.json")
+    with pytest.raises(ValueError) as err:
+        parse_coco(path)
+    msg = str(err.value)
+    assert path in msg and all(w in msg for w in words), msg
+
+
+def test_parse_coco_not_json_names_the_line(tmp_path):
+    path = _write(tmp_path, '{"images": [\n  {"id": 1, "file_name": "a.jpg"},\n  oops\n]}',
+                  "instances_bad.json")
+    with pytest.raises(ValueError) as err:
+        parse_coco(path)
+    msg = str(err.value)
+    assert path in msg and "line 3" in msg and "not valid JSON" in msg, msg
