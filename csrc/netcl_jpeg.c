@@ -281,7 +281,8 @@ static void netcl_jpeg_read_through(netcl_jpeg *d, JSAMPROW *rows) {
 int netcl_jpeg_decode(netcl_jpeg *d, const uint8_t *data, size_t size, double top,
                       double left, double height, double width, double tol, int out_h,
                       int out_w, int flip, int crop_first, const float *lut, void *out,
-                      int *denom, int *image_width, int *image_height) {
+                      ptrdiff_t out_row, ptrdiff_t out_plane, int *denom, int *image_width,
+                      int *image_height) {
     struct jpeg_decompress_struct *cinfo = &d->cinfo;
     d->err.message[0] = '\0';
     d->err.code = NETCL_JPEG_OK;
@@ -402,7 +403,8 @@ int netcl_jpeg_decode(netcl_jpeg *d, const uint8_t *data, size_t size, double to
 #endif
 
     netcl_resize_stream s;
-    netcl_resize_stream_init(&s, &ax, &ay, d->work + bx + by, flip, lut, out);
+    netcl_resize_stream_init(&s, &ax, &ay, d->work + bx + by, flip, lut, out, out_row,
+                             out_plane);
     const size_t col = ((size_t)ax.first - (size_t)xoff) * (size_t)comps;
     const int used = ax.last - ax.first;
     while (cinfo->output_scanline < end_row) {

@@ -78,15 +78,19 @@ int netcl_jpeg_info(netcl_jpeg *d, const uint8_t *data, size_t size, int *width,
  * the box out, then resizing it: torchvision's RandomResizedCrop); without,
  * it reads the box's neighbours too (Pillow's resize with a box: what
  * torchvision's Resize then CenterCrop give). `out` is
- * C-contiguous (3, out_h, out_w), float32 through `lut` (3 x 256 entries,
- * netcl_resize_build_lut) or uint8 when `lut` is NULL. On success stores
+ * (3, out_h, out_w), float32 through `lut` (3 x 256 entries,
+ * netcl_resize_build_lut) or uint8 when `lut` is NULL, element (c, i, w) at
+ * out[c * out_plane + i * out_row + w] (strides in elements: out_w and
+ * out_h * out_w when C-contiguous; larger for a sub-rectangle of a padded
+ * array, whose rest is left untouched). On success stores
  * the DCT scale denominator used (1, 2, 4, 8) in *denom. *width and *height
  * receive the image size whenever the header was read (also with
  * NETCL_JPEG_EBOX). `out` may be partly written when an error is returned. */
 int netcl_jpeg_decode(netcl_jpeg *d, const uint8_t *data, size_t size, double top,
                       double left, double height, double width, double tol, int out_h,
                       int out_w, int flip, int crop_first, const float *lut, void *out,
-                      int *denom, int *image_width, int *image_height);
+                      ptrdiff_t out_row, ptrdiff_t out_plane, int *denom, int *image_width,
+                      int *image_height);
 
 #ifdef __cplusplus
 }

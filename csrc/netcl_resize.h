@@ -1,5 +1,7 @@
 /* netcl_resize.h: bilinear resize of a uint8 RGB region, fused with a
- * horizontal flip and per-channel normalisation, into planar (3, H, W) output.
+ * horizontal flip and per-channel normalisation, into planar (3, H, W) output
+ * (packed, or a sub-rectangle of a larger array given by its row and plane
+ * strides, so that a padded output is written in the same pass).
  *
  * The arithmetic is Pillow's BILINEAR resampling with a box (what
  * torchvision's resize with antialias does on PIL images), so that results
@@ -260,12 +262,13 @@ static inline void netcl_resize_hrow(const netcl_resize_axis *x, const uint8_t *
 /* Output row `i` of every channel from the ring. `ring` holds `ring_rows`
  * rows of 3 * out_w bytes; source row r (relative to y->first) is in slot
  * r % ring_rows. `acc` holds out_w int32. Writes uint8 when `lut` is NULL,
- * else float32 through the table; `dst` is the (3, out_h, out_w) output. */
+ * else float32 through the table; `dst` is the (3, out_h, out_w) output,
+ * element (c, i, w) at dst[c * plane + i * row + w] (strides in elements,
+ * any signs: a padded output is a sub-rectangle of a larger array). */
 static inline void netcl_resize_vrow(const netcl_resize_axis *y, int i, const uint8_t *ring,
                                      int ring_rows, int out_w, int32_t *acc, const float *lut,
-                                     void *dst) {
+                                     void *dst, ptrdiff_t row, ptrdiff_t plane) {
     const size_t row_bytes = NETCL_RESIZE_CHANNELS * (size_t)out_w;
-    const size_t plane = (size_t)y->out_size * (size_t)out_w;
     const int32_t *k = y->coef + (size_t)i * (size_t)y->ksize;
     const int start = y->start[i], taps = y->count[i];
     for (int c = 0; c < NETCL_RESIZE_CHANNELS; c++) {
@@ -280,7 +283,7 @@ static inline void netcl_resize_vrow(const netcl_resize_axis *y, int i, const ui
                 acc[w] += (int32_t)row[w] * wt;
             }
         }
-        const size_t at = (size_t)c * plane + (size_t)i * (size_t)out_w;
+        const ptrdiff_t at = (ptrdiff_t)c * plane + (ptrdiff_t)i * row;
         if (lut == NULL) {
             uint8_t *out = (uint8_t *)dst + at;
             for (int w = 0; w < out_w; w++) {
@@ -505,9 +508,9 @@ NETCL_RESIZE_AVX2 static void netcl_resize_hrow_avx2(const netcl_resize_axis *x,
 NETCL_RESIZE_AVX2 static void netcl_resize_vrow_avx2(const netcl_resize_axis *y, int i,
                                                      const uint8_t *ring, int ring_rows,
                                                      int out_w, const float *lut,
-                                                     void *dst) {
+                                                     void *dst, ptrdiff_t row,
+                                                     ptrdiff_t plane) {
     const size_t row_bytes = NETCL_RESIZE_CHANNELS * (size_t)out_w;
-    const size_t plane = (size_t)y->out_size * (size_t)out_w;
     const int32_t *k = y->coef + (size_t)i * (size_t)y->ksize;
     const int taps = y->count[i];
     const uint8_t *rows[NETCL_RESIZE_SIMD_MAX_TAPS];
@@ -533,7 +536,7 @@ NETCL_RESIZE_AVX2 static void netcl_resize_vrow_avx2(const netcl_resize_axis *y,
     }
     for (int c = 0; c < NETCL_RESIZE_CHANNELS; c++) {
         const size_t co = (size_t)c * (size_t)out_w;
-        const size_t at = (size_t)c * plane + (size_t)i * (size_t)out_w;
+        const ptrdiff_t at = (ptrdiff_t)c * plane + (ptrdiff_t)i * row;
         const float *table = lut == NULL ? NULL : lut + (size_t)c * NETCL_RESIZE_LUT_SIZE;
         int w = 0;
         for (; w + 16 <= out_w; w += 16) {
@@ -611,13 +614,20 @@ typedef struct {
     int flip;
     const float *lut;
     void *dst;
+    ptrdiff_t dst_row;   /* elements between output rows (out_w when packed) */
+    ptrdiff_t dst_plane; /* elements between output channels (out_h * out_w when packed) */
 } netcl_resize_stream;
 
 /* `work` holds netcl_resize_work_bytes(x->ksize, y->ksize, x->out_size, in_w)
- * bytes, 4-byte aligned, where in_w >= x->last - x->first. */
+ * bytes, 4-byte aligned, where in_w >= x->last - x->first. `dst` receives
+ * element (c, i, w) at dst[c * plane + i * row + w], in elements of the output
+ * type: row = out_w and plane = out_h * out_w for a packed (3, out_h, out_w)
+ * array, larger for a sub-rectangle of a padded one (the caller fills the
+ * rest). The caller guarantees every such element lies in its buffer. */
 static inline void netcl_resize_stream_init(netcl_resize_stream *s, const netcl_resize_axis *x,
                                             const netcl_resize_axis *y, void *work, int flip,
-                                            const float *lut, void *dst) {
+                                            const float *lut, void *dst, ptrdiff_t row,
+                                            ptrdiff_t plane) {
     const int out_w = x->out_size;
     s->x = x;
     s->y = y;
@@ -636,6 +646,8 @@ static inline void netcl_resize_stream_init(netcl_resize_stream *s, const netcl_
     s->flip = flip;
     s->lut = lut;
     s->dst = dst;
+    s->dst_row = row;
+    s->dst_plane = plane;
     if (s->simd) {
         /* Per output pixel and group of taps t..t+3: 16 high halves, then 16
          * low halves, in the lane order of the byte shuffle. */
@@ -664,11 +676,13 @@ static inline void netcl_resize_stream_emit(netcl_resize_stream *s) {
     while (s->done < y->out_size && y->start[s->done] + y->count[s->done] <= s->fed) {
 #if NETCL_RESIZE_X86
         if (s->simd) {
-            netcl_resize_vrow_avx2(y, s->done, s->ring, s->ring_rows, out_w, s->lut, s->dst);
+            netcl_resize_vrow_avx2(y, s->done, s->ring, s->ring_rows, out_w, s->lut, s->dst,
+                                   s->dst_row, s->dst_plane);
         } else
 #endif
         {
-            netcl_resize_vrow(y, s->done, s->ring, s->ring_rows, out_w, s->acc, s->lut, s->dst);
+            netcl_resize_vrow(y, s->done, s->ring, s->ring_rows, out_w, s->acc, s->lut, s->dst,
+                              s->dst_row, s->dst_plane);
         }
         s->done++;
     }
@@ -721,13 +735,14 @@ static inline void netcl_resize_stream_row_strided(netcl_resize_stream *s, const
 
 /* A whole in-memory image: `src` points at channel 0 of pixel (0, 0), rows
  * `rs` bytes apart, pixels `ps`, channels `cs`; any signs. `work` holds
- * netcl_resize_work_bytes(x->ksize, y->ksize, x->out_size, image width). */
+ * netcl_resize_work_bytes(x->ksize, y->ksize, x->out_size, image width).
+ * `dst`, `row`, `plane`: as for netcl_resize_stream_init. */
 static inline void netcl_resize_image(const netcl_resize_axis *x, const netcl_resize_axis *y,
                                       const uint8_t *src, ptrdiff_t rs, ptrdiff_t ps,
                                       ptrdiff_t cs, void *work, int flip, const float *lut,
-                                      void *dst) {
+                                      void *dst, ptrdiff_t row, ptrdiff_t plane) {
     netcl_resize_stream s;
-    netcl_resize_stream_init(&s, x, y, work, flip, lut, dst);
+    netcl_resize_stream_init(&s, x, y, work, flip, lut, dst, row, plane);
     const uint8_t *base = src + (ptrdiff_t)x->first * ps;
     for (int r = y->first; r < y->last; r++) {
         netcl_resize_stream_row_strided(&s, base + (ptrdiff_t)r * rs, ps, cs);

@@ -128,6 +128,23 @@ def mutate(data, rng):
     return bytes(b)
 
 
+def padded(rng, out_h, out_w, dtype, fill):
+    """A (3, out_h, out_w) view ``a[:, y0:y0+out_h, x0:x0+out_w]`` of a larger
+    C-contiguous array ``a`` filled with ``fill`` (up to 7 rows and columns of
+    padding, sometimes none, sometimes mirrored rows: negative strides), and
+    the mask of ``a``'s padding.  The decoder must write the view and nothing
+    else, as it does for a letterboxed image."""
+    ph, pw = int(rng.integers(0, 8)), int(rng.integers(0, 8))
+    y0, x0 = int(rng.integers(0, ph + 1)), int(rng.integers(0, pw + 1))
+    a = np.full((3, out_h + ph, out_w + pw), fill, dtype=dtype)
+    view = a[:, y0:y0 + out_h, x0:x0 + out_w]
+    if rng.integers(4) == 0:
+        view = view[:, ::-1]
+    pad = np.ones(a.shape, bool)
+    pad[:, y0:y0 + out_h, x0:x0 + out_w] = False
+    return a, view, pad
+
+
 def run_one(dec, data, rng):
     """info + two decodes of ``data``; returns 'ok', 'error' (ImageError) or raises."""
     try:
@@ -146,7 +163,8 @@ def run_one(dec, data, rng):
         dtype = np.float32 if rng.integers(2) else np.uint8
         guard = np.full((5, out_h, out_w), 7, dtype=dtype)
         try:
-            dec.decode_into(data, box, guard[1:4], flip=bool(rng.integers(2)))
+            flip = bool(rng.integers(2))
+            dec.decode_into(data, box, guard[1:4], flip=flip)
         except _jpeg.ImageError as exc:
             assert str(exc)
             outcome = "error"
@@ -155,6 +173,13 @@ def run_one(dec, data, rng):
             assert "outside" in str(exc) and (width == 0 or height == 0), (exc, width, height)
             outcome = "error"
         assert (guard[0] == 7).all() and (guard[4] == 7).all()
+        if outcome == "ok":
+            # The same decode into a sub-rectangle of a padded array: the same
+            # pixels, the padding untouched.
+            a, view, pad = padded(rng, out_h, out_w, dtype, 7)
+            dec.decode_into(data, box, view, flip=flip)
+            assert (a[pad] == 7).all()
+            np.testing.assert_array_equal(view, guard[1:4])
     return outcome
 
 
@@ -222,6 +247,11 @@ def test_resize_geometry_fuzz():
         if dtype == np.float32:
             assert np.isfinite(guard[1:4]).all()
             assert guard[1:4].min() >= 0 and guard[1:4].max() <= 1
+        # Into a sub-rectangle of a padded array: the same values, nothing else written.
+        a, view, pad = padded(rng, out_h, out_w, dtype, 9)
+        _image.resize_into(src, box, view, flip=bool(trial % 3))
+        assert (a[pad] == 9).all()
+        np.testing.assert_array_equal(view, guard[1:4])
 
 
 @needs_jpeg
@@ -247,6 +277,14 @@ def test_decode_geometry_fuzz():
         denom = dec.decode_into(data, box, guard[1:4], flip=bool(trial % 2))
         assert denom in (1, 2, 4, 8)
         assert (guard[0] == 3).all() and (guard[4] == 3).all()
+        dtype = np.float32 if trial % 3 == 0 else np.uint8
+        a, view, pad = padded(rng, out_h, out_w, dtype, 3)
+        assert dec.decode_into(data, box, view, flip=bool(trial % 2)) == denom
+        assert (a[pad] == 3).all()
+        if dtype == np.uint8:
+            np.testing.assert_array_equal(view, guard[1:4])
+        else:
+            np.testing.assert_array_equal(view, guard[1:4] / np.float32(255))
 
 
 # --------------------------------------------------------------------------

@@ -615,6 +615,55 @@ def test_vector_and_scalar_code_give_the_same_bytes(files):
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_view_into_a_padded_array_gets_the_same_pixels(files):
+    """A sub-rectangle ``a[:, y0:y0+h, x0:x0+w]`` of a larger C-contiguous
+    array (how a letterboxed image lands in its slot row) receives exactly the
+    values a contiguous ``out`` receives, through the vector and the scalar
+    code, float32 (normalised) and uint8, flipped or not, and nothing outside
+    it is written."""
+    rng = np.random.default_rng(11)
+    img = np.ascontiguousarray(sample_photo(1)[:190, :260])
+    try:
+        for simd in (True, False):
+            _image._use_simd(simd)
+            _jpeg._use_simd(simd)
+            for trial in range(24):
+                out_hw = (int(rng.integers(1, 90)), int(rng.integers(1, 90)))
+                y0, x0 = int(rng.integers(0, 20)), int(rng.integers(0, 20))
+                dtype = np.float32 if trial % 2 else np.uint8
+                norm = dict(mean=MEAN, std=STD) if dtype == np.float32 else {}
+                flip = trial % 3 == 0
+                big = np.full((3, out_hw[0] + y0 + 5, out_hw[1] + x0 + 7), 123, dtype)
+                view = big[:, y0:y0 + out_hw[0], x0:x0 + out_hw[1]]
+                want = np.empty((3,) + out_hw, dtype)
+                if trial % 4 < 2:
+                    box = random_box(rng, 190, 260, integer=trial % 8 < 4)
+                    _image.resize_into(img, box, want, flip=flip, **norm)
+                    _image.resize_into(img, box, view, flip=flip, **norm)
+                else:
+                    name = ["rgb420", "grey", "cmyk", "big_progressive"][trial % 4]
+                    W, H = pillow_rgb(files[name]).size
+                    box = random_box(rng, H, W, integer=False)
+                    _jpeg.Decoder().decode_into(files[name], box, want, flip=flip, **norm)
+                    _jpeg.Decoder().decode_into(files[name], box, view, flip=flip, **norm)
+                np.testing.assert_array_equal(view, want)
+                pad = np.ones(big.shape, bool)
+                pad[:, y0:y0 + out_hw[0], x0:x0 + out_hw[1]] = False
+                assert (big[pad] == 123).all()
+    finally:
+        _image._use_simd(True)
+        _jpeg._use_simd(True)
+
+
+def test_an_out_with_a_strided_last_axis_is_refused():
+    img = np.zeros((8, 8, 3), np.uint8)
+    big = np.zeros((3, 8, 16), np.float32)
+    with pytest.raises(ValueError, match="last axis must be contiguous"):
+        _image.resize_into(img, (0, 0, 8, 8), big[:, :, ::2])
+    with pytest.raises(ValueError, match="last axis must be contiguous"):
+        _image.resize_into(img, (0, 0, 8, 8), np.zeros((8, 8, 3), np.float32).transpose(2, 0, 1))
+
+
 # --------------------------------------------------------------------------
 # Chroma subsampling and the DCT scale
 

@@ -29,7 +29,8 @@ cdef extern from "netcl_resize.h" nogil:
     void netcl_resize_build_lut(const float *mean, const float *std, float *lut)
     void netcl_resize_image(const netcl_resize_axis *x, const netcl_resize_axis *y,
                             const uint8_t *src, Py_ssize_t rs, Py_ssize_t ps, Py_ssize_t cs,
-                            void *work, int flip, const float *lut, void *dst)
+                            void *work, int flip, const float *lut, void *dst,
+                            Py_ssize_t row, Py_ssize_t plane)
 
 
 cdef struct ResizeArgs:
@@ -44,7 +45,9 @@ cdef struct ResizeArgs:
     bint is_float       # float32 output (through the normalisation table), else uint8
     float mean[3]       # 0 and 1 when not given
     float std[3]
-    void *out           # (3, out_h, out_w) C-contiguous, writable
+    void *out           # (3, out_h, out_w), writable, the last axis contiguous
+    Py_ssize_t out_row  # elements between rows of out (out_w when C-contiguous)
+    Py_ssize_t out_plane  # elements between channels of out (out_h * out_w when C-contiguous)
 
 
 cdef int check_resize_args(object box, object out, object flip, object mean, object std,

@@ -157,12 +157,17 @@ cdef int check_resize_args(object box, object out, object flip, object mean, obj
 
     ``box`` = (top, left, height, width), finite, height and width > 0 (its
     fit inside the image is checked where the image size is known); ``out`` a
-    writable C-contiguous ndarray (3, H, W) of float32 or uint8; ``mean`` and
-    ``std`` None or 3 finite numbers (std non-zero), float32 output only.
+    writable, aligned ndarray (3, H, W) of float32 or uint8 whose last axis is
+    contiguous, its row and plane strides any (a C-contiguous array, or a
+    sub-rectangle ``a[:, y0:y0+h, x0:x0+w]`` of one: a padded output written
+    in the same pass, the padding filled by the caller); ``mean`` and ``std``
+    None or 3 finite numbers (std non-zero), float32 output only.
     """
-    cdef float[:, :, ::1] out_f
-    cdef uint8_t[:, :, ::1] out_u
+    # Strided views (Cython's ::1 on the last axis would demand all of out C-contiguous).
+    cdef float[:, :, :] out_f
+    cdef uint8_t[:, :, :] out_u
     cdef int c
+    cdef Py_ssize_t item
     try:
         top, left, height, width = box
         args.top = float(top)
@@ -182,24 +187,33 @@ cdef int check_resize_args(object box, object out, object flip, object mean, obj
         raise ValueError(f"out must have shape (3, H, W), got {out.shape}")
     if not (1 <= out.shape[1] <= MAX_OUT_SIDE and 1 <= out.shape[2] <= MAX_OUT_SIDE):
         raise ValueError(f"out's H and W must be 1..{MAX_OUT_SIDE}, got shape {out.shape}")
-    if not out.flags.c_contiguous:
-        raise ValueError("out must be C-contiguous (a slot view or np.empty((3, H, W)))")
+    if out.dtype != np.float32 and out.dtype != np.uint8:
+        raise TypeError(f"out must be float32 or uint8, got dtype {out.dtype}")
+    # The C writer steps whole elements: rows and planes any number of them
+    # apart (either sign), the pixels of a row packed.
+    item = out.dtype.itemsize
+    if (out.strides[2] != item or out.strides[1] % item or out.strides[0] % item
+            or not out.flags.aligned):
+        raise ValueError(f"out's last axis must be contiguous and its strides whole "
+                         f"elements (a C-contiguous (3, H, W) array or a view "
+                         f"a[:, y0:y1, x0:x1] of one), got strides {out.strides} for "
+                         f"dtype {out.dtype}")
     if not out.flags.writeable:
         raise ValueError("out must be writable, got a read-only array")
     args.out_h = out.shape[1]
     args.out_w = out.shape[2]
+    args.out_row = out.strides[1] // item
+    args.out_plane = out.strides[0] // item
     args.flip = bool(flip)
     args.crop_first = bool(crop_first)
     if out.dtype == np.float32:
         args.is_float = True
         out_f = out
         args.out = &out_f[0, 0, 0]
-    elif out.dtype == np.uint8:
+    else:
         args.is_float = False
         out_u = out
         args.out = &out_u[0, 0, 0]
-    else:
-        raise TypeError(f"out must be float32 or uint8, got dtype {out.dtype}")
     for c in range(NETCL_RESIZE_CHANNELS):
         args.mean[c] = 0.0
         args.std[c] = 1.0
@@ -254,7 +268,10 @@ def resize_into(const uint8_t[:, :, :] src, box, out, flip=False, mean=None, std
         The region in source pixels; fractional values are interpolated, not
         rounded. Edges may stick out of the image by 0.01 pixel (then clamped).
     out : ndarray of float32 or uint8, shape (3, h, w)
-        Writable and C-contiguous; receives the region resized to h x w.
+        Writable; receives the region resized to h x w.  C-contiguous, or a
+        view ``a[:, y0:y0+h, x0:x0+w]`` of a C-contiguous array (its last
+        axis contiguous, the other strides any): only that sub-rectangle is
+        written, so a padded output costs no second pass.
     flip : bool
         Mirror the output along its width.
     mean, std : 3 floats or None
@@ -318,6 +335,6 @@ def resize_into(const uint8_t[:, :, :] src, box, out, flip=False, mean=None, std
                                    <int>height, in0, in1, a.out_h, ky, a.crop_first)
             netcl_resize_image(&ax, &ay, &src[0, 0, 0], src.strides[0], src.strides[1],
                                src.strides[2], mem + table_bytes, a.flip,
-                               lut if a.is_float else NULL, a.out)
+                               lut if a.is_float else NULL, a.out, a.out_row, a.out_plane)
     finally:
         free(mem)

@@ -43,7 +43,8 @@ cdef extern from "netcl_jpeg.h" nogil:
     int netcl_jpeg_decode(netcl_jpeg *d, const uint8_t *data, size_t size, double top,
                           double left, double height, double width, double tol, int out_h,
                           int out_w, int flip, int crop_first, const float *lut, void *out,
-                          int *denom, int *image_width, int *image_height)
+                          Py_ssize_t out_row, Py_ssize_t out_plane, int *denom,
+                          int *image_width, int *image_height)
 
 
 HAVE_SCALE_CROP = bool(netcl_jpeg_have_scale_crop())
@@ -150,9 +151,11 @@ cdef class Decoder:
             Region of the full-resolution image in source pixels; fractional
             values are interpolated. Edges may stick out by 0.01 pixel.
         out : ndarray of float32 or uint8, shape (3, H, W)
-            Writable, C-contiguous; receives the region resized to H x W
-            (bilinear, antialiased when shrinking, as Pillow's BILINEAR resize
-            with a box).
+            Writable; receives the region resized to H x W (bilinear,
+            antialiased when shrinking, as Pillow's BILINEAR resize with a
+            box).  C-contiguous, or a view ``a[:, y0:y0+H, x0:x0+W]`` of a
+            C-contiguous array: only that sub-rectangle is written (a padded
+            output in the same pass; the caller fills the padding).
         flip : bool
             Mirror along the width.
         mean, std : 3 floats or None
@@ -198,8 +201,8 @@ cdef class Decoder:
             with nogil:
                 code = netcl_jpeg_decode(self._d, &data[0], size, a.top, a.left, a.height,
                                          a.width, NETCL_RESIZE_BOX_TOLERANCE, a.out_h,
-                                         a.out_w, a.flip, a.crop_first, lut, a.out, &denom,
-                                         &img_w, &img_h)
+                                         a.out_w, a.flip, a.crop_first, lut, a.out,
+                                         a.out_row, a.out_plane, &denom, &img_w, &img_h)
         finally:
             self._busy = False
         if code == NETCL_JPEG_EBOX:
