@@ -496,6 +496,12 @@ rank, world_size
         else:
             it = self._main_iteration(eng, old)
         object.__setattr__(self, "_iterated", True)
+        hook = getattr(self.dataset, "_netcl_torch_batch", None)
+        if hook is not None and self.batch_sampler is not None and self.collate_fn in (
+                default_collate, None):
+            # A dataset whose batches the face reshapes (detection targets: flat
+            # tensors to torchvision's list of per-image dicts, as views).
+            it = _BatchHook(it, hook)
         if (self._dataset_kind == _DatasetKind.Iterable
                 and self._IterableDataset_len_called is not None):
             it = _LengthWarning(it, self)
@@ -836,6 +842,26 @@ def _engine_collate(collate_fn, batched):
     if collate_fn is (default_collate if batched else default_convert):
         return None
     return collate_fn
+
+
+class _BatchHook:
+    """An iteration whose batches go through the dataset's ``_netcl_torch_batch``."""
+
+    def __init__(self, it, hook):
+        self._it = it
+        self._hook = hook
+
+    def __iter__(self):
+        return self
+
+    def __len__(self):
+        return len(self._it)
+
+    def __next__(self):
+        return self._hook(next(self._it))
+
+    def __getattr__(self, name):
+        return getattr(self._it, name)
 
 
 class _LengthWarning:

@@ -47,9 +47,11 @@ def _not_the_files_fault(exc):
                                             and exc.errno in _SYSTEM_ERRNOS)
 
 
-def _checked_options(crop, flip, mean, std, output, on_error, what):
-    if not isinstance(crop, (RandomResizedCrop, CenterCrop)):
-        raise ValueError(f"{what}: crop must be a RandomResizedCrop or a CenterCrop, "
+def _checked_options(crop, flip, mean, std, output, on_error, what,
+                     crops=(RandomResizedCrop, CenterCrop)):
+    if not isinstance(crop, crops):
+        raise ValueError(f"{what}: crop must be a "
+                         f"{' or a '.join(c.__name__ for c in crops)}, "
                          f"got {crop!r}")
     if not isinstance(flip, numbers.Real) or not 0.0 <= float(flip) <= 1.0:
         raise ValueError(f"{what}: flip must be a probability in [0, 1] (True: 1, False: 0), "
@@ -123,11 +125,14 @@ class _ImageDataset:
     #: Fetching draws no number from the global RNGs (the loader need not
     #: seed them): it draws from the batch's own (_worker.batch_rng).
     _netcl_rng_free = True
+    #: The crops a dataset takes (the detection datasets take theirs).
+    _CROPS = (RandomResizedCrop, CenterCrop)
 
     def _setup(self, crop, flip, mean, std, output, on_error, what,
                max_file_bytes=MAX_FILE_BYTES):
         (self.crop, self.flip, self.mean, self.std, self.output,
-         self.on_error) = _checked_options(crop, flip, mean, std, output, on_error, what)
+         self.on_error) = _checked_options(crop, flip, mean, std, output, on_error, what,
+                                           self._CROPS)
         if (isinstance(max_file_bytes, bool) or not isinstance(max_file_bytes, numbers.Integral)
                 or max_file_bytes <= 0):
             raise ValueError(f"{what}: max_file_bytes must be a positive int (the largest file "
@@ -303,9 +308,9 @@ class _ImageDataset:
                         f"{self._name(i)}: too large: {width}x{height} = {width * height} "
                         f"pixels, more than {MAX_PIXELS} (the limit where Pillow, and so "
                         f"torchvision, refuses a file as a decompression bomb)")
-                box = self.crop.box(height, width, u)
+                box, view = self._window(i, height, width, u, flip, out)
                 try:
-                    dec.decode_into(data, box, out, flip, mean, std, self.crop.crop_first)
+                    dec.decode_into(data, box, view, flip, mean, std, self.crop.crop_first)
                 except jpeg.ImageError as exc:
                     raise ImageFileError(f"{self._name(i)}: {exc}") from None
                 return
@@ -314,8 +319,14 @@ class _ImageDataset:
         except ImageFileError as exc:
             raise ImageFileError(f"{self._name(i)}: {exc}") from None
         height, width = src.shape[:2]
-        _resize_kernel()(src, self.crop.box(height, width, u), out, flip, mean, std,
-                         self.crop.crop_first)
+        box, view = self._window(i, height, width, u, flip, out)
+        _resize_kernel()(src, box, view, flip, mean, std, self.crop.crop_first)
+
+    def _window(self, i, height, width, u, flip, out):
+        """``(box, view)``: the source box of sample ``i`` (``height`` x ``width``) that
+        is decoded, and the part of ``out`` it is resized into (all of it here; a
+        detection dataset places it and fills the padding)."""
+        return self.crop.box(height, width, u), out
 
     def _describe(self):
         return (f"{len(self)} images, crop={self.crop!r}, flip={self.flip}, "
