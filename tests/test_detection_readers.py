@@ -231,3 +231,114 @@ def test_parse_coco_not_json_names_the_line(tmp_path):
         parse_coco(path)
     msg = str(err.value)
     assert path in msg and "line 3" in msg and "not valid JSON" in msg, msg
+
+
+# ----------------------------------------------------------------------------- datasets
+
+
+def _xyxy(xywh):
+    b = np.asarray(xywh, np.float32).reshape(-1, 4)
+    return np.concatenate([b[:, :2], b[:, :2] + b[:, 2:]], axis=1)
+
+
+def test_wider_face_dataset_delivers_the_kept_faces(tmp_path):
+    from netcl_loader.images import Letterbox, WiderFace
+    _, expected = make_wider(str(tmp_path))
+    # Letterbox onto the images' own size: boxes come back as given (XYWH -> XYXY).
+    ds = WiderFace(str(tmp_path), "train", size=(240, 320), crop=Letterbox(), flip=0.0)
+    assert len(ds) == len(expected) and ds.classes == {0: "face"} and ds.split == "train"
+    assert ds.attribute_names == WIDER_ATTRIBUTES
+    for i, (name, want_b, want_a) in enumerate(expected):
+        assert ds.path(i) == os.path.join(str(tmp_path), "WIDER_train", "images", name)
+        image, target = ds[i]
+        assert image.shape == (3, 240, 320) and image.dtype == np.float32
+        assert 0.0 <= image.min() and image.max() <= 1.0     # no mean/std: [0, 1]
+        np.testing.assert_allclose(target["boxes"], _xyxy(want_b), atol=1e-3)
+        np.testing.assert_array_equal(target["labels"], np.zeros(len(want_b), np.int64))
+        assert target["image_id"] == i
+        a, e = ds.attribute_offsets[i], ds.attribute_offsets[i + 1]
+        np.testing.assert_array_equal(ds.attributes[a:e], want_a)
+
+
+def test_wider_face_through_the_loader(tmp_path):
+    from netcl_loader import DataLoader
+    from netcl_loader.images import SquareCrop, WiderFace
+    make_wider(str(tmp_path))
+    ds = WiderFace(str(tmp_path), size=128, crop=SquareCrop())
+    batches = list(DataLoader(ds, batch_size=4, num_workers=0, seed=3))
+    assert len(batches) == 1
+    images, t = batches[0]
+    assert images.shape == (4, 3, 128, 128)
+    assert t["offsets"].shape == (5,) and t["offsets"][0] == 0
+    assert t["offsets"][-1] == len(t["boxes"]) == len(t["labels"])
+    np.testing.assert_array_equal(np.sort(t["image_id"]), np.arange(4))
+    assert (t["labels"] == 0).all()
+    assert ((t["boxes"] >= 0) & (t["boxes"] <= 128)).all()
+
+
+def test_wider_face_test_split_has_no_boxes(tmp_path):
+    from netcl_loader.images import Letterbox, WiderFace
+    rng = np.random.default_rng(1)
+    names = ["0--Parade/0_Parade_a.jpg", "1--Handshaking/1_Handshaking_b.jpg"]
+    for n in names:
+        _write_photo(str(tmp_path / "WIDER_test" / "images" / n), rng, (200, 150))
+    (tmp_path / "wider_face_split").mkdir()
+    (tmp_path / "wider_face_split" / "wider_face_test_filelist.txt").write_text(
+        "\n".join(names) + "\n")
+    ds = WiderFace(str(tmp_path), "test", size=160, crop=Letterbox())
+    assert len(ds) == 2 and ds.num_boxes == 0
+    image, target = ds[1]
+    assert image.shape == (3, 160, 160) and target["boxes"].shape == (0, 4)
+
+
+def test_wider_face_errors(tmp_path):
+    from netcl_loader.images import WiderFace
+    with pytest.raises(ValueError, match="split must be one of"):
+        WiderFace(str(tmp_path), "training")
+    gt, _ = make_wider(str(tmp_path))
+    with open(gt, "a") as f:
+        f.write("9--Extra/9_x.jpg\n1\n1 2 3\n")
+    with pytest.raises(ValueError) as err:
+        WiderFace(str(tmp_path))
+    n = sum(1 for _ in open(gt))
+    assert gt in str(err.value) and f"line {n}:" in str(err.value)
+
+
+def test_coco_detection_dataset(tmp_path):
+    from netcl_loader.images import CocoDetection, Letterbox
+    ann, _ = make_coco(str(tmp_path))
+    root = str(tmp_path / "images")
+    ds = CocoDetection(root, ann, size=(240, 320), crop=Letterbox(), flip=0.0)
+    assert len(ds) == 3 and ds.classes == {1: "person", 3: "car"}
+    np.testing.assert_array_equal(ds.image_ids, [7, 19, 42])
+    assert ds.path(2) == os.path.join(root, "000000000042.jpg")
+    # The crowd box of image 42 is left out; its label goes with it.
+    _, t = ds[2]
+    np.testing.assert_allclose(t["boxes"], [[10.5, 20.25, 40.5, 60.25], [5, 6, 12, 14]],
+                               atol=1e-3)
+    np.testing.assert_array_equal(t["labels"], [3, 1])
+    assert t["image_id"] == 42
+    _, t = ds[1]                        # no annotation: delivered, empty
+    assert t["boxes"].shape == (0, 4) and t["labels"].shape == (0,) and t["image_id"] == 19
+    # A batch names COCO's ids.
+    images, bt = ds.gather_batch([0, 1, 2], np.empty)
+    np.testing.assert_array_equal(bt["image_id"], [7, 19, 42])
+    np.testing.assert_array_equal(bt["offsets"], [0, 1, 1, 3])
+    crowd = CocoDetection(root, ann, size=(240, 320), crop=Letterbox(), flip=0.0,
+                          include_crowd=True)
+    _, t = crowd[2]
+    np.testing.assert_array_equal(t["labels"], [3, 1, 1])
+    np.testing.assert_allclose(t["boxes"][1], [200, 100, 250, 160], atol=1e-3)
+
+
+def test_coco_detection_errors(tmp_path):
+    from netcl_loader.images import CocoDetection
+    ann, doc = make_coco(str(tmp_path))
+    with pytest.raises(ValueError, match="include_crowd must be True or False"):
+        CocoDetection(str(tmp_path / "images"), ann, include_crowd="yes")
+    doc["annotations"][1]["bbox"] = [0, 0, -1, 5]
+    bad = _write(tmp_path, json.dumps(doc), "instances_bad.json")
+    with pytest.raises(ValueError) as err:
+        CocoDetection(str(tmp_path / "images"), bad)
+    msg = str(err.value)
+    assert bad in msg and "annotations[1] (id 2).bbox" in msg and "000000000007.jpg" in msg

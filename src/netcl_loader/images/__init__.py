@@ -27,6 +27,7 @@ from ._crops import (CROP_TRIES, IOU_CROP_ATTEMPTS, CenterCrop, Letterbox,  # no
 from ._datasets import (IMG_EXTENSIONS, ON_ERRORS, OUTPUTS, ImageFiles, ImageFolder,  # noqa: F401
                         TarImages)
 from ._detection import DetectionFiles  # noqa: F401
+from ._readers import CocoDetection, WiderFace  # noqa: F401
 from ._decoders import (DECODER_ENV, MAX_PIXELS, ImageFileError, _compiled_module,  # noqa: F401
                         _pillow_rgb, _resize_kernel, _use_compiled, decoder_info)
 from ._sources import MAX_FILE_BYTES, _pread_into, _read_file  # noqa: F401
@@ -34,4 +35,5 @@ from ._tarindex import _TAR_IMAGE_EXTS, _TAR_INDEX_VERSION, _TarIndex  # noqa: F
 
 __all__ = ["ImageFolder", "ImageFiles", "TarImages", "RandomResizedCrop", "CenterCrop",
            "ImageFileError", "IMG_EXTENSIONS", "DECODER_ENV", "decoder_info", "DetectionFiles",
-           "SquareCrop", "RandomIoUCrop", "Letterbox"]
+           "SquareCrop", "RandomIoUCrop", "Letterbox",
+           "CocoDetection", "WiderFace"]

@@ -1,4 +1,4 @@
-"""Annotation readers for detection data: WIDER FACE's ground-truth text and COCO's JSON."""
+"""Detection readers: WIDER FACE's ground-truth text and COCO's JSON, and their datasets."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,11 @@ import os
 
 import numpy as np
 
-__all__ = ["parse_wider", "parse_coco", "WIDER_ATTRIBUTES", "WIDER_SPLITS"]
+from ._detection import _DEFAULT_CROP, DetectionFiles
+from ._sources import MAX_FILE_BYTES
+
+__all__ = ["CocoDetection", "WiderFace", "parse_wider", "parse_coco", "WIDER_ATTRIBUTES",
+           "WIDER_SPLITS"]
 
 #: The six attribute columns after ``x y w h`` on a face line, in the order of
 #: the official ``readme.txt`` shipped in ``wider_face_split.zip`` ("x1, y1, w,
@@ -296,3 +300,148 @@ def parse_coco(ann_file):
 def _short(value, limit=60):
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+# ----------------------------------------------------------------------------- datasets
+
+
+def _join(root, name):
+    """``root``/``name``: a URL's path is joined with "/", a local one as the OS does."""
+    root = os.fspath(root)
+    if "://" in root:
+        return root.rstrip("/") + "/" + name.lstrip("/")
+    return os.path.join(root, name)
+
+
+class CocoDetection(DetectionFiles):
+    """COCO-format detection data: images under ``root``, boxes from a COCO JSON.
+
+    The annotation file (``instances_*.json``) is read by :func:`parse_coco`:
+    boxes ``[x, y, width, height]`` (XYWH on disk, delivered XYXY in output
+    pixels), labels the category ids (``classes`` maps them to names, as
+    COCO's ``categories`` give them), crowd boxes (``iscrowd=1``) left out
+    unless ``include_crowd``, images without annotations kept (delivered with
+    no box).  Images come in increasing id order (torchvision's
+    ``CocoDetection`` order) and each batch's ``image_id`` is COCO's id.
+
+    Parameters
+    ----------
+    root : str or os.PathLike
+        The folder of the images (their ``file_name`` is relative to it), or
+        a URL prefix for images in object storage (``storage_options``).
+    ann_file : str or os.PathLike
+        The COCO JSON, a local file.
+    include_crowd : bool, default False
+        Keep the ``iscrowd`` boxes (torchvision's detection references leave
+        them out of training).
+    size, crop, flip, mean, std, output, min_size, min_area, on_error, cache_dir,
+    cache_bytes, storage_options, max_file_bytes, retry
+        As :class:`DetectionFiles` (boxes are always COCO's XYWH).
+
+    Raises
+    ------
+    ValueError
+        A malformed annotation file, naming the file, the JSON key and the image.
+
+    Attributes
+    ----------
+    classes : dict of int to str
+        Category id -> name.
+    image_ids : ndarray of int64
+        COCO's id of each image, in dataset order.
+    """
+
+    def __init__(self, root, ann_file, size=640, crop=_DEFAULT_CROP, flip=0.5, mean=None,
+                 std=None, output="float32", min_size=1.0, min_area=1.0, on_error="raise",
+                 cache_dir=None, cache_bytes=None, storage_options=None, *,
+                 include_crowd=False, max_file_bytes=MAX_FILE_BYTES, retry=None):
+        if not isinstance(include_crowd, bool):
+            raise ValueError(f"CocoDetection: include_crowd must be True or False, got "
+                             f"{include_crowd!r}")
+        parsed = parse_coco(ann_file)
+        boxes, labels = parsed["boxes"], parsed["labels"]
+        if not include_crowd:
+            boxes = [b[~c] for b, c in zip(boxes, parsed["crowd"])]
+            labels = [lab[~c] for lab, c in zip(labels, parsed["crowd"])]
+        self.root = os.fspath(root)
+        self.ann_file = os.fspath(ann_file)
+        self.include_crowd = include_crowd
+        DetectionFiles.__init__(
+            self, [_join(root, fn) for fn in parsed["file_names"]], boxes, labels, size=size,
+            crop=crop, flip=flip, box_format="xywh", mean=mean, std=std, output=output,
+            min_size=min_size, min_area=min_area, on_error=on_error, cache_dir=cache_dir,
+            cache_bytes=cache_bytes, storage_options=storage_options,
+            image_ids=parsed["image_ids"], max_file_bytes=max_file_bytes, retry=retry)
+        # (After ImageFiles' constructor, which has no classes to give.)
+        self.classes = parsed["classes"]
+
+
+class WiderFace(DetectionFiles):
+    """WIDER FACE in its official layout, every face labelled 0.
+
+    ``root`` holds ``wider_face_split/wider_face_{split}_bbx_gt.txt`` (read by
+    :func:`parse_wider`: faces marked invalid or of zero width or height
+    left out, images left with no face kept) and the images under
+    ``WIDER_{split}/images/``.  The test split has no ground truth: its
+    ``wider_face_test_filelist.txt`` lists the images, delivered with no box
+    (for inference, with :class:`Letterbox`).
+
+    Parameters
+    ----------
+    root : str or os.PathLike
+        The folder holding ``wider_face_split`` and ``WIDER_{split}`` (or a URL
+        prefix for images in object storage; the annotation file is then
+        read from ``annotations``, a local folder holding the split files).
+    split : {"train", "val", "test"}, default "train"
+    annotations : str or os.PathLike, optional
+        The folder of the split files; default ``root/wider_face_split``.
+    size, crop, flip, mean, std, output, min_size, min_area, on_error, cache_dir,
+    cache_bytes, storage_options, max_file_bytes, retry
+        As :class:`DetectionFiles` (boxes are always WIDER's XYWH).
+
+    Raises
+    ------
+    ValueError
+        A malformed ground-truth file, naming the file and the line; a
+        ``split`` not in ``WIDER_SPLITS``.
+
+    Attributes
+    ----------
+    classes : dict of int to str
+        ``{0: "face"}``.
+    attributes : ndarray of int8, (M, 6)
+        The attributes of every face kept, in :data:`WIDER_ATTRIBUTES` order
+        (the readme's), aligned with the dataset's boxes: image ``i``'s are
+        rows ``attribute_offsets[i]:attribute_offsets[i + 1]``.
+    """
+
+    def __init__(self, root, split="train", size=640, crop=_DEFAULT_CROP, flip=0.5, mean=None,
+                 std=None, output="float32", min_size=1.0, min_area=1.0, on_error="raise",
+                 cache_dir=None, cache_bytes=None, storage_options=None, *, annotations=None,
+                 max_file_bytes=MAX_FILE_BYTES, retry=None):
+        if split not in WIDER_SPLITS:
+            raise ValueError(f"WiderFace: split must be one of {WIDER_SPLITS}, got {split!r}")
+        folder = (os.path.join(os.fspath(root), "wider_face_split") if annotations is None
+                  else os.fspath(annotations))
+        if split == "test":
+            names = parse_wider_list(os.path.join(folder, "wider_face_test_filelist.txt"))
+            boxes = [np.zeros((0, 4), np.float32) for _ in names]
+            attrs = [np.zeros((0, len(WIDER_ATTRIBUTES)), np.int8) for _ in names]
+        else:
+            names, boxes, attrs = parse_wider(
+                os.path.join(folder, f"wider_face_{split}_bbx_gt.txt"))
+        self.root = os.fspath(root)
+        self.split = split
+        self.attribute_names = WIDER_ATTRIBUTES
+        self.attributes = (np.concatenate(attrs) if attrs
+                           else np.zeros((0, len(WIDER_ATTRIBUTES)), np.int8))
+        images = _join(root, f"WIDER_{split}/images")
+        DetectionFiles.__init__(
+            self, [_join(images, n) for n in names], boxes,
+            [np.zeros(len(b), np.int64) for b in boxes], size=size, crop=crop, flip=flip,
+            box_format="xywh", mean=mean, std=std, output=output, min_size=min_size,
+            min_area=min_area, on_error=on_error, cache_dir=cache_dir, cache_bytes=cache_bytes,
+            storage_options=storage_options, max_file_bytes=max_file_bytes, retry=retry)
+        counts = np.array([len(a) for a in attrs], np.int64)
+        self.attribute_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.classes = {0: "face"}
