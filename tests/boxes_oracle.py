@@ -138,3 +138,112 @@ def pipeline(boxes, window, place, out_size, flip, min_size=1.0, min_area=1.0, k
     if keep is not None:
         mask &= np.asarray(keep, dtype=bool)
     return b, mask
+
+
+# ----------------------------------------------------------------------------- crop draws
+#
+# Both references read uniform numbers u in [0, 1) at the positions the
+# engine's crops document (SquareCrop: 3 per try; RandomIoUCrop: 1 + 4 per
+# trial per attempt), and turn one into an integer below n as Python's
+# ``randrange(n)`` would from it: floor(u * n), kept below n.
+
+
+def _below(u, n):
+    return min(int(u * n), n - 1)
+
+
+def matrix_iof(boxes, roi):
+    """RetinaFace's ``utils/box_utils.matrix_iof`` of each box with one roi (x1, y1, x2, y2):
+    the intersection over the box's area, that area taken as at least 1."""
+    a = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+    lt = np.maximum(a[:, :2], roi[:2])
+    rb = np.minimum(a[:, 2:], roi[2:])
+    area_i = np.prod(rb - lt, axis=1) * (lt < rb).all(axis=1)
+    area_a = np.prod(a[:, 2:] - a[:, :2], axis=1)
+    return area_i / np.maximum(area_a, 1)
+
+
+def retinaface_crop(height, width, boxes, u, scales=(0.3, 0.45, 0.6, 0.8, 1.0), tries=250):
+    """RetinaFace's ``_crop`` (``data/data_augment.py``, with its ``PRE_SCALES``), one try at
+    a time as it is written: ``scale = random.choice(PRE_SCALES)``, ``w = int(scale *
+    short_side)``, ``l = random.randrange(width - w)`` (0 where ``width == w``), ``t``
+    likewise, ``roi = (l, t, l + w, t + w)``; the try fails unless some box has
+    ``matrix_iof >= 1``, and unless some box's centre lies strictly inside; the boxes kept
+    are those.  Try ``k`` reads ``u[3k]``, ``u[3k + 1]``, ``u[3k + 2]``.
+
+    Returns ``(window, keep)``: window (top, left, side, side) and the kept mask, or
+    ``(None, None)`` after ``tries`` failures (RetinaFace then pads the whole image to a
+    square and keeps every box).  RetinaFace asserts every image has a box; an image
+    without one fails every try here.
+    """
+    boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+    short_side = min(width, height)
+    for k in range(tries):
+        scale = scales[_below(u[3 * k], len(scales))]
+        w = int(scale * short_side)
+        h = w
+        left = 0 if width == w else _below(u[3 * k + 1], width - w)
+        top = 0 if height == h else _below(u[3 * k + 2], height - h)
+        roi = np.array((left, top, left + w, top + h), dtype=np.float64)
+        if not (matrix_iof(boxes, roi) >= 1).any():
+            continue
+        centers = (boxes[:, :2] + boxes[:, 2:]) / 2
+        mask_a = np.logical_and(roi[:2] < centers, centers < roi[2:]).all(axis=1)
+        if not mask_a.any():
+            continue
+        return (top, left, h, w), mask_a
+    return None, None
+
+
+def random_iou_crop(height, width, boxes, u, min_scale=0.3, max_scale=1.0,
+                    min_aspect_ratio=0.5, max_aspect_ratio=2.0,
+                    options=(0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0), trials=40, attempts=16):
+    """torchvision v2's ``RandomIoUCrop._get_params`` (``transforms/v2/_geometry.py``), as it
+    is written, with its ``while True`` over thresholds cut after ``attempts`` (torchvision
+    would loop for ever on an image without boxes).
+
+    Attempt ``a`` starts at ``b = a * (1 + 4 * trials)``: ``u[b]`` draws the option
+    (``torch.randint(len(options))``), trial ``t`` reads ``u[b + 1 + 4t : b + 5 + 4t]`` as
+    its two ``torch.rand(2)`` (torchvision skips the second after a refused aspect ratio;
+    the engine gives every trial its four numbers).  torchvision computes in float32
+    (``torch.rand``); here in float64, as the engine does.
+
+    Returns ``(window, keep)``: (top, left, new_h, new_w) and the mask of boxes whose
+    centre lies strictly inside, or ``(None, None)`` for no crop (an option >= 1, or
+    no crop found within ``attempts``).
+    """
+    boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+    orig_h, orig_w = height, width
+    stride = 1 + 4 * trials
+    for a in range(attempts):
+        b = a * stride
+        min_jaccard_overlap = options[_below(u[b], len(options))]
+        if min_jaccard_overlap >= 1.0:
+            return None, None
+        for t in range(trials):
+            r = u[b + 1 + 4 * t: b + 3 + 4 * t]
+            r = min_scale + (max_scale - min_scale) * np.asarray(r)
+            new_w = int(orig_w * r[0])
+            new_h = int(orig_h * r[1])
+            if new_h == 0:
+                continue   # torchvision would divide by zero here (an image under 4 px)
+            aspect_ratio = new_w / new_h
+            if not (min_aspect_ratio <= aspect_ratio <= max_aspect_ratio):
+                continue
+            r = u[b + 3 + 4 * t: b + 5 + 4 * t]
+            left = int((orig_w - new_w) * r[0])
+            top = int((orig_h - new_h) * r[1])
+            right = left + new_w
+            bottom = top + new_h
+            if left == right or top == bottom:
+                continue
+            cx = 0.5 * (boxes[:, 0] + boxes[:, 2])
+            cy = 0.5 * (boxes[:, 1] + boxes[:, 3])
+            is_within_crop_area = (left < cx) & (cx < right) & (top < cy) & (cy < bottom)
+            if not is_within_crop_area.any():
+                continue
+            ious = box_iou(boxes[is_within_crop_area], [[left, top, right, bottom]])
+            if ious.max() < min_jaccard_overlap:
+                continue
+            return (top, left, new_h, new_w), is_within_crop_area
+    return None, None
