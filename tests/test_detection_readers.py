@@ -342,3 +342,18 @@ def test_coco_detection_errors(tmp_path):
         CocoDetection(str(tmp_path / "images"), bad)
     msg = str(err.value)
     assert bad in msg and "annotations[1] (id 2).bbox" in msg and "000000000007.jpg" in msg
+
+
+def test_coco_detection_on_the_pytorch_face(tmp_path):
+    torch = pytest.importorskip("torch")
+    from netcl_loader.images import CocoDetection, Letterbox
+    from netcl_loader.torch import DataLoader
+    ann, _ = make_coco(str(tmp_path))
+    ds = CocoDetection(str(tmp_path / "images"), ann, size=(240, 320), crop=Letterbox(),
+                       flip=0.0)
+    (images, targets), = list(DataLoader(ds, batch_size=3, num_workers=0))
+    assert isinstance(images, torch.Tensor) and images.shape == (3, 3, 240, 320)
+    assert [t["image_id"] for t in targets] == [7, 19, 42]
+    assert [len(t["boxes"]) for t in targets] == [1, 0, 2]
+    assert targets[2]["labels"].tolist() == [3, 1]
+    assert targets[2]["boxes"].dtype == torch.float32
