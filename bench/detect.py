@@ -488,9 +488,10 @@ def run(args):
             results[label].append(got / seconds)
             print(f"round {r + 1}: {label:75s} {got / seconds:8.0f} img/s", flush=True)
         # The limit is sampled in every round too, between the loaders' epochs.
-        results.setdefault("full-decode limit", []).append(decode_limit(root, args.workers))
-        print(f"round {r + 1}: {'full-decode limit (simplejpeg, ' + str(args.workers) + ' processes)':75s} "
-              f"{results['full-decode limit'][-1]:8.0f} img/s", flush=True)
+        limit = decode_limit(root, args.workers)
+        results.setdefault("full-decode limit", []).append(limit)
+        what = f"full-decode limit (simplejpeg, {args.workers} processes)"
+        print(f"round {r + 1}: {what:75s} {limit:8.0f} img/s", flush=True)
     for label, obj in live:
         if isinstance(obj, Ours):
             worker_ms[label] = obj.worker_ms_per_image()
