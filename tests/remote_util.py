@@ -297,7 +297,7 @@ class FaultProxy:
 
     # -- one client connection, request by request --------------------------------
     def _serve(self, client):
-        upstream = None
+        upstream = rfile = ufile = None
         try:
             rfile = client.makefile("rb")
             while not self.stopped:
@@ -352,6 +352,15 @@ class FaultProxy:
         except OSError:
             return
         finally:
+            # The files made of the sockets first: a socket with a file of it
+            # still open is not closed by close(), and a reset or a truncated
+            # body must reach the client now.
+            for f in (rfile, ufile):
+                if f is not None:
+                    try:
+                        f.close()
+                    except OSError:
+                        pass
             for s in (client, upstream):
                 if s is not None:
                     try:

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import threading
 import time
 
@@ -29,7 +30,8 @@ from netcl_loader._order import rank_shards, window_order, window_rank_length  #
 from netcl_loader._retry import (ObjectChangedError, RemoteError, Retry, classify,  # noqa: E402
                                  describe)
 from netcl_loader._urls import Secrets, expand_braces, redact  # noqa: E402
-from netcl_loader.images import ImageFolder, RandomResizedCrop, TarImages  # noqa: E402
+from netcl_loader.images import (ImageFiles, ImageFolder, RandomResizedCrop,  # noqa: E402
+                                 TarImages)
 
 CROP = RandomResizedCrop(32)
 PER_SHARD = 6
@@ -108,6 +110,25 @@ def assert_same(a, b):
     for (xa, ya), (xb, yb) in zip(a, b):
         np.testing.assert_array_equal(ya, yb)
         np.testing.assert_array_equal(xa, xb)
+
+
+#: Where the fault tests leave their figures (faults injected, retries, time
+#: lost), as one JSON object per test, for a report to quote.
+FIGURES = os.path.join(tempfile.gettempdir(), "netcl_loader-fault-figures.json")
+
+
+def record(test, **figures):
+    """Print a fault test's figures (``pytest -s`` shows them) and keep them in FIGURES."""
+    print(f"\n{test}: " + ", ".join(f"{k} {v}" for k, v in figures.items()))
+    try:
+        with open(FIGURES) as f:
+            kept = json.load(f)
+    except (OSError, ValueError):
+        kept = {}
+    kept[test] = figures
+    with open(FIGURES + ".tmp", "w") as f:
+        json.dump(kept, f, indent=1, sort_keys=True)
+    os.replace(FIGURES + ".tmp", FIGURES)
 
 
 def cache_files(folder):
@@ -325,6 +346,137 @@ def test_remote_default_window_is_16_and_local_order_is_unchanged(photos, s3, tm
 
 
 # --------------------------------------------------------------------------
+# Image files named by URL, and an ImageFolder over an object-storage prefix
+
+
+def folder_urls(photos, prefix):
+    """The URL of each file of the local ImageFolder under ``prefix`` (its relative path kept)."""
+    local = photos["folder"]
+    base = str(photos["root"] / "folder")
+    return [prefix + os.path.relpath(local.path(i), base) for i in range(len(local))]
+
+
+@needs_weed
+@pytest.mark.parametrize("num_workers, context", [(0, None), (2, "fork"), (2, "spawn")])
+def test_s3_files_and_an_s3_folder_give_the_local_files_batches(photos, s3, tmp_path,
+                                                                num_workers, context):
+    local = photos["folder"]
+    remote = ImageFolder(f"s3://{s3.bucket}/folder/", crop=CROP,
+                         storage_options=s3.storage_options(), cache_dir=tmp_path / "folder",
+                         retry=FAST)
+    # torchvision's layout read from the listing: classes, their numbers, the file order.
+    assert remote.classes == local.classes and remote.class_to_idx == local.class_to_idx
+    np.testing.assert_array_equal(remote.targets, local.targets)
+    urls = folder_urls(photos, f"s3://{s3.bucket}/folder/")
+    assert [remote.path(i) for i in range(len(remote))] == urls
+    # Any list of URLs: every other file, backwards, with labels of its own.
+    pick = list(range(len(local)))[::-2]
+    labels = [(7 * k) % 5 for k in range(len(pick))]
+    files = ImageFiles([urls[i] for i in pick], labels, crop=CROP,
+                       storage_options=s3.storage_options(), cache_dir=tmp_path / "files",
+                       retry=FAST)
+    same = ImageFiles([local.path(i) for i in pick], labels, crop=CROP)
+    kw = dict(batch_size=5, shuffle=True, seed=3, num_workers=num_workers,
+              multiprocessing_context=context)
+    with DataLoader(local, **kw) as a, DataLoader(remote, **kw) as b:
+        for _ in range(2):
+            assert_same(batches(b), batches(a))
+        assert b.stats.bytes_fetched == sum(os.path.getsize(local.path(i))
+                                            for i in range(len(local)))
+        assert b.stats.cache_hits == 0 and b.stats.requests == len(local)
+    with DataLoader(same, **kw) as a, DataLoader(files, **kw) as b:
+        assert_same(batches(b), batches(a))
+
+
+@needs_nginx
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_http_files_give_the_local_files_batches(photos, tmp_path, num_workers):
+    local = photos["folder"]
+    with Nginx(photos["root"] / "folder") as server:
+        urls = folder_urls(photos, server.url + "/")
+        remote = ImageFiles(urls, local.targets, crop=CROP, cache_dir=tmp_path / "cache",
+                            retry=FAST)
+        same = ImageFiles([local.path(i) for i in range(len(local))], local.targets, crop=CROP)
+        kw = dict(batch_size=6, shuffle=True, seed=8, num_workers=num_workers)
+        with DataLoader(same, **kw) as a, DataLoader(remote, **kw) as b:
+            assert_same(batches(b), batches(a))
+        with pytest.raises(FileNotFoundError) as e:
+            ImageFiles(urls[:3] + [server.url + "/class1/no-such-file.jpg"], [0, 1, 2, 3],
+                       cache_dir=tmp_path / "cache", retry=FAST)
+        assert server.url + "/class1/no-such-file.jpg" in str(e.value)
+        with pytest.raises(ValueError, match="no listing"):
+            ImageFolder(server.url + "/", cache_dir=tmp_path / "cache", retry=FAST)
+
+
+@needs_weed
+def test_missing_remote_files_and_folders_fail_at_construction(photos, s3, tmp_path):
+    opts = s3.storage_options()
+    urls = folder_urls(photos, f"s3://{s3.bucket}/folder/")
+    missing = f"s3://{s3.bucket}/folder/class2/no-such-file.jpg"
+    with pytest.raises(FileNotFoundError) as e:
+        ImageFiles(urls[:4] + [missing], [0] * 5, storage_options=opts, cache_dir=tmp_path,
+                   retry=FAST)
+    assert missing in str(e.value)
+    with pytest.raises(FileNotFoundError) as e:
+        ImageFolder(f"s3://{s3.bucket}/no-such-folder/", storage_options=opts,
+                    cache_dir=tmp_path, retry=FAST)
+    assert f"s3://{s3.bucket}/no-such-folder/" in str(e.value)
+    with pytest.raises(FileNotFoundError) as e:
+        ImageFolder("s3://no-such-bucket/train/", storage_options=opts, cache_dir=tmp_path,
+                    retry=FAST)
+    assert "s3://no-such-bucket/train/" in str(e.value)
+    with pytest.raises(ValueError, match="max_requests must be None or an int >= 1, got 0"):
+        ImageFiles(urls[:2], [0, 1], storage_options=opts, cache_dir=tmp_path, max_requests=0)
+    with pytest.raises(FileNotFoundError, match="no valid file for the classes class0, class1, class2"):
+        ImageFolder(f"s3://{s3.bucket}/folder/", extensions=(".png",), storage_options=opts,
+                    cache_dir=tmp_path, retry=FAST)
+
+
+@needs_weed
+def test_remote_files_evict_what_is_needed_last_and_stay_under_the_bound(tmp_path):
+    # More files than the smallest cache holds (a batch of MIN_CACHED_FILES
+    # must fit), so that the cache evicts while the epoch runs.
+    from netcl_loader.images._remote import MIN_CACHED_FILES
+    n = MIN_CACHED_FILES + 64
+    folder = tmp_path / "many"
+    make_jpegs(folder, n, size=(24, 16), seed=5)
+    paths = sorted(str(p) for p in folder.iterdir())
+    sizes = sorted(os.path.getsize(p) for p in paths)
+    bound = sum(sizes[-MIN_CACHED_FILES:])
+    labels = list(range(n))
+    with SeaweedFS() as store:
+        for p in paths:
+            store.put_file("many/" + os.path.basename(p), p)
+        urls = [f"s3://{store.bucket}/many/{os.path.basename(p)}" for p in paths]
+        with pytest.raises(ValueError, match=f"give cache_bytes >= {bound}"):
+            ImageFiles(urls, labels, crop=CROP, storage_options=store.storage_options(),
+                       cache_dir=tmp_path / "cache", cache_bytes=bound - 1, retry=FAST)
+        remote = ImageFiles(urls, labels, crop=CROP, storage_options=store.storage_options(),
+                            cache_dir=tmp_path / "cache", cache_bytes=bound, retry=FAST)
+        local = ImageFiles(paths, labels, crop=CROP)
+        peak, stop = [0], threading.Event()
+
+        def sample():
+            while not stop.is_set():
+                peak[0] = max(peak[0], cache_files(tmp_path / "cache"))
+                time.sleep(0.002)
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        kw = dict(batch_size=16, shuffle=True, seed=2, num_workers=2)
+        try:
+            with DataLoader(local, **kw) as a, DataLoader(remote, **kw) as b:
+                for _ in range(2):
+                    assert_same(batches(b), batches(a))
+                stats = b.stats
+        finally:
+            stop.set()
+            sampler.join()
+    assert 0 < peak[0] <= bound and stats.peak_cache_bytes <= bound
+    # Every file of the second epoch was fetched again or found in the cache.
+    assert stats.requests + stats.cache_hits >= n
+
+
+# --------------------------------------------------------------------------
 # The cache
 
 
@@ -392,6 +544,8 @@ def test_missing_bucket_shard_and_bad_credentials_fail_at_construction(s3, tmp_p
         assert f"s3://{s3.bucket}/train" in text
         assert "wrong-secret-value-42" not in text and SECRET_KEY not in text
         assert proxy.counts["requests"] <= 2   # refused credentials are not retried
+        record("bad_credentials", requests=proxy.counts["requests"], retried=False,
+               error=str(e.value))
 
 
 @needs_weed
@@ -424,20 +578,66 @@ def test_faults_change_no_batch_and_nothing_hangs(photos, s3, tmp_path):
     kw = dict(batch_size=5, shuffle=True, seed=5, num_workers=2)
     with DataLoader(local, **kw) as a:
         want = batches(a)
-    with FaultProxy(s3.port, slowdown=0.20, reset=0.08, truncate=0.08, seed=3) as proxy:
+    with FaultProxy(s3.port, seed=3) as proxy:
         remote = TarImages(s3_pattern(s3, 8), crop=CROP, shuffle_window=2,
                            storage_options=s3.storage_options(proxy.url),
                            cache_dir=tmp_path / "cache", retry=FAST)
-        remote._units.cache.clear()   # the loader, not the index pass, fetches the shards
+        # The same epoch through the same proxy, first without faults (what a
+        # fault costs is measured against it), then with them; each from an
+        # empty cache, so that the loader, not the index pass, fetches the shards.
+        # Four epochs each: one epoch of 8 small shards is only a dozen requests.
+        runs = {}
+        for name, rates in (("clean", (0, 0, 0)), ("faults", (0.20, 0.08, 0.08))):
+            proxy.set_rates(*rates)
+            before = dict(proxy.counts)
+            t0 = time.monotonic()
+            retries = 0
+            for _ in range(4):
+                remote._units.cache.clear()
+                with DataLoader(remote, **kw) as b:
+                    got = batches(b)
+                    retries += b.stats.retries
+                assert_same(got, want)
+            runs[name] = dict(seconds=time.monotonic() - t0, retries=retries,
+                              proxied={k: proxy.counts[k] - before[k] for k in before})
+    injected = runs["faults"]["proxied"]
+    faults = injected["slowdown"] + injected["reset"] + injected["truncate"]
+    assert faults > 0 and runs["faults"]["retries"] > 0
+    assert runs["clean"]["retries"] == 0
+    record("faults_20pct_503_8pct_reset_8pct_truncated", epochs=4,
+           requests=injected["requests"], faults_injected=faults,
+           slowdown_503=injected["slowdown"], resets=injected["reset"],
+           truncated=injected["truncate"], retries=runs["faults"]["retries"],
+           seconds_clean=round(runs["clean"]["seconds"], 2),
+           seconds_with_faults=round(runs["faults"]["seconds"], 2),
+           seconds_lost=round(runs["faults"]["seconds"] - runs["clean"]["seconds"], 2),
+           batches_identical=True)
+
+
+@needs_weed
+def test_faults_change_no_batch_of_remote_files(photos, s3, tmp_path):
+    local = photos["folder"]
+    kw = dict(batch_size=6, shuffle=True, seed=6, num_workers=2)
+    with DataLoader(local, **kw) as a:
+        want = batches(a)
+    with FaultProxy(s3.port, slowdown=0.20, reset=0.08, truncate=0.08, seed=4) as proxy:
         t0 = time.monotonic()
+        # The listing goes through the faults too.
+        remote = ImageFolder(f"s3://{s3.bucket}/folder/", crop=CROP,
+                             storage_options=s3.storage_options(proxy.url),
+                             cache_dir=tmp_path / "cache", retry=FAST)
         with DataLoader(remote, **kw) as b:
             got = batches(b)
+            retries = b.stats.retries
         elapsed = time.monotonic() - t0
         counts = dict(proxy.counts)
     assert_same(got, want)
     faults = counts["slowdown"] + counts["reset"] + counts["truncate"]
-    assert faults > 0 and b.stats.retries > 0
-    print(f"\nfaults injected {counts}, retries {b.stats.retries}, {elapsed:.2f} s")
+    assert faults > 0 and retries > 0
+    record("faults_files_20pct_503_8pct_reset_8pct_truncated", requests=counts["requests"],
+           faults_injected=faults, slowdown_503=counts["slowdown"], resets=counts["reset"],
+           truncated=counts["truncate"], retries_while_loading=retries,
+           seconds=round(elapsed, 2), batches_identical=True)
 
 
 @needs_weed
@@ -447,10 +647,14 @@ def test_a_store_that_always_fails_gives_an_error_naming_url_and_status(s3, tmp_
         with pytest.raises(RemoteError) as e:
             TarImages(s3_pattern(s3, 2), storage_options=s3.storage_options(proxy.url),
                       cache_dir=tmp_path, retry=FAST)
-        assert time.monotonic() - t0 < FAST.deadline_seconds + 10
+        elapsed = time.monotonic() - t0
+        assert elapsed < FAST.deadline_seconds + 10
+        requests = proxy.counts["requests"]
     text = str(e.value)
     assert f"s3://{s3.bucket}/train" in text and "503" in text
     assert f"{FAST.attempts} attempts" in text
+    record("always_503", requests=requests, attempts=FAST.attempts,
+           seconds_to_error=round(elapsed, 2), error=text)
 
 
 # --------------------------------------------------------------------------

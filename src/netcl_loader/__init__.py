@@ -12,12 +12,13 @@ from ._errors import CollateError
 from .dataloader import DataLoader, LoaderStats, LoaderTimeout, WorkerError
 from .datasets import ArrayDataset, Subset, random_split
 from .gpu_batch import GpuBatch
+from ._retry import Retry
 
 __version__ = "0.1.0"
 
 __all__ = ["DataLoader", "ArrayDataset", "Subset", "random_split", "get_worker_info",
            "WorkerInfo", "GpuBatch", "WorkerError", "LoaderTimeout", "CollateError", "LoaderStats",
-           "tune",
+           "Retry", "tune",
            "__version__"]
 
 

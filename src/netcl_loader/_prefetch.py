@@ -25,7 +25,7 @@ import numpy as np
 from ._cache import TOUCH_SECONDS, entry_key
 from ._urls import redact
 
-__all__ = ["Units", "Prefetcher", "Gate", "BLOCK_BYTES", "MAX_REQUESTS"]
+__all__ = ["Units", "Prefetcher", "Gate", "BLOCK_BYTES", "MAX_REQUESTS", "MAX_FILE_REQUESTS"]
 
 #: Bytes of one ranged request of a whole-object fetch: large enough that a
 #: request's own cost (a round trip, a signature) is small against it, small
@@ -34,8 +34,12 @@ BLOCK_BYTES = 8 << 20
 #: Requests in flight per loader: enough to keep a store's per-connection
 #: throughput from being the limit (S3 serves each connection at tens of MB/s).
 MAX_REQUESTS = 16
-#: Objects whose size is not known (image files named by URL) fetched at once.
+#: Objects whose size is not known before they are fetched, fetched at once.
 MAX_UNSIZED = 64
+#: Requests in flight per loader for image files named by URL: each file is
+#: small (a few hundred KB), so a request's round trip, not the bandwidth,
+#: bounds it, and many in flight keep the decoders fed.
+MAX_FILE_REQUESTS = 64
 #: How often a waiting gate looks at the loader's progress again.
 POLL_SECONDS = 0.005
 #: Batches taken from the epoch's order at a time when the gate looks ahead.
@@ -356,6 +360,10 @@ class Gate:
         self.thread = None
         self._stale = (0.0, [])  # (when listed, leftovers of other loaders)
         self._touched = time.monotonic()
+        # Units of ours no batch not done reads (as far as seen): the first to
+        # evict.  With many small units (image files) they are nearly every
+        # victim, taken here without looking at every unit in the cache.
+        self._unused = collections.deque()
 
     def start(self):
         self.thread = threading.Thread(target=self._run, name="netcl-prefetch", daemon=True)
@@ -405,6 +413,7 @@ class Gate:
                 if not q:
                     del self.uses[u]
                     self.ahead_bytes -= max(0, int(self.units.sizes[u]))
+                    self._unused.append(u)
             self.frontier += 1
 
     def next_use(self, v):
@@ -567,15 +576,24 @@ class Gate:
         needed latest (after ``first``), not read by a batch in flight; else a
         leftover of no live loader (a key); None when there is neither."""
         pf = self.pf
-        best, best_use = None, -1.0
+        while self._unused:
+            v = self._unused.popleft()
+            # Still ours, still unused (a later batch may have come to read it).
+            if v in pf.present and v not in self.uses and not pf.pinned(v, but=self):
+                return v
+        best, best_use, unused = None, -1, []
         for v in pf.present:
             nxt = self.next_use(v)
-            if nxt is not None and nxt < self.pos:
-                continue     # read by a batch in flight
-            use = float("inf") if nxt is None else float(nxt)
-            if use <= first or use <= best_use or pf.pinned(v, but=self):
+            if nxt is None:
+                if not pf.pinned(v, but=self):
+                    unused.append(v)   # never needed again: before any that is
                 continue
-            best, best_use = v, use
+            if nxt < self.pos or nxt <= first or nxt <= best_use or pf.pinned(v, but=self):
+                continue   # read by a batch in flight, or needed sooner
+            best, best_use = v, nxt
+        if unused:
+            self._unused.extend(unused[1:])   # the next victims, without a scan
+            return unused[0]
         if best is not None:
             return best
         now = time.monotonic()

@@ -145,6 +145,21 @@ class Retry:
         For the response to begin, and between two pieces of its body.
     deadline_seconds : float, default 300
         A request given up on after this long, whatever its attempts.
+
+    Notes
+    -----
+    Given to a dataset (``TarImages``, ``ImageFiles``, ``ImageFolder``) as
+    ``retry=``; the filesystems' own retries are turned off, so that this is
+    the one policy.  When the retries are spent, the batch that needed the
+    bytes raises :class:`RemoteError` from ``next()``; the order of the
+    epoch never depends on a fault.
+
+    Examples
+    --------
+    >>> from netcl_loader.images import Retry, TarImages
+    >>> patient = Retry(attempts=20, backoff_max_seconds=10.0)   # a throttled bucket
+    >>> ds = TarImages("s3://bucket/train/shard-{000000..000127}.tar",
+    ...                retry=patient)                           # doctest: +SKIP
     """
 
     attempts: int = 10

@@ -672,9 +672,10 @@ class LoaderStats:
                        f"was for data from the object store ({self.bytes_fetched / 2**20:.1f} "
                        f"MiB in {self.requests} requests, {self.retries} retried)")
             return Verdict("loader", loader_frac, "the network is the bottleneck", reason,
-                           "fetch further ahead or with more requests in flight: a larger "
-                           "cache_bytes, a store closer to this machine, or fewer, larger "
-                           "shards; more workers cannot help", figures)
+                           "fetch with more requests in flight (the dataset's max_requests) "
+                           "or further ahead (a larger cache_bytes), from a store closer to "
+                           "this machine, or from fewer, larger shards; more workers cannot "
+                           "help", figures)
         reason += (f"; {_n(W, 'worker')} busy {_pct(busy or 0.0)} with {_n(C, 'CPU')} usable; "
                    f"{stage_text}")
         if busy is not None and busy >= WORKERS_SATURATED_FRACTION:

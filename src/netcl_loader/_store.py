@@ -13,6 +13,11 @@ __all__ = ["Store", "ObjectInfo", "Counters", "CHUNK_BYTES"]
 
 #: Bytes read from a response body at a time (each read under the read timeout).
 CHUNK_BYTES = 1 << 20
+#: Connections kept open to an S3 endpoint by default: as many as the
+#: requests a loader has in flight for image files (MAX_FILE_REQUESTS), or
+#: more when a dataset's max_requests asks; botocore's default of 10 would
+#: queue the rest behind them.
+POOL_CONNECTIONS = 64
 
 
 class Counters:
@@ -62,7 +67,7 @@ class Store:
     policy's.
     """
 
-    def __init__(self, scheme, storage_options=None, retry=None):
+    def __init__(self, scheme, storage_options=None, retry=None, connections=POOL_CONNECTIONS):
         if storage_options is not None and not isinstance(storage_options, dict):
             raise TypeError(f"storage_options must be a dict of the filesystem's options, got "
                             f"{type(storage_options).__name__}")
@@ -72,16 +77,18 @@ class Store:
         self.retry = Retry() if retry is None else retry
         if not isinstance(self.retry, Retry):
             raise TypeError(f"retry must be a netcl_loader Retry, got {self.retry!r}")
+        self.connections = int(connections)
         self.secrets = Secrets(self._options)
         self.counters = Counters()
         self._fs = None
         self._pid = None
 
     def __getstate__(self):
-        return {"scheme": self.scheme, "_options": self._options, "retry": self.retry}
+        return {"scheme": self.scheme, "_options": self._options, "retry": self.retry,
+                "connections": self.connections}
 
     def __setstate__(self, state):
-        self.__init__(state["scheme"], state["_options"], state["retry"])
+        self.__init__(state["scheme"], state["_options"], state["retry"], state["connections"])
 
     def __repr__(self):
         return f"Store({self.scheme}://, {len(self._options)} storage options)"
@@ -112,6 +119,7 @@ class Store:
                 conf = dict(opts.pop("config_kwargs", None) or {})
                 conf.setdefault("connect_timeout", r.connect_timeout_seconds)
                 conf.setdefault("read_timeout", r.read_timeout_seconds)
+                conf.setdefault("max_pool_connections", self.connections)
                 # One attempt per call: the retries are this package's policy's.
                 conf["retries"] = {"total_max_attempts": 1}
                 opts["config_kwargs"] = conf

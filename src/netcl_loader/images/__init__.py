@@ -32,8 +32,9 @@ from ._decoders import (DECODER_ENV, MAX_PIXELS, ImageFileError, _compiled_modul
                         _pillow_rgb, _resize_kernel, _use_compiled, decoder_info)
 from ._sources import MAX_FILE_BYTES, _pread_into, _read_file  # noqa: F401
 from ._tarindex import _TAR_IMAGE_EXTS, _TAR_INDEX_VERSION, _TarIndex  # noqa: F401
+from .._retry import ObjectChangedError, RemoteError, Retry  # noqa: F401
 
 __all__ = ["ImageFolder", "ImageFiles", "TarImages", "RandomResizedCrop", "CenterCrop",
-           "ImageFileError", "IMG_EXTENSIONS", "DECODER_ENV", "decoder_info", "DetectionFiles",
-           "SquareCrop", "RandomIoUCrop", "Letterbox",
-           "CocoDetection", "WiderFace"]
+           "ImageFileError", "IMG_EXTENSIONS", "DECODER_ENV", "decoder_info", "Retry",
+           "RemoteError", "ObjectChangedError", "DetectionFiles", "SquareCrop", "RandomIoUCrop",
+           "Letterbox", "CocoDetection", "WiderFace"]

@@ -15,11 +15,12 @@ from ._crops import CenterCrop, RandomResizedCrop
 from ._decoders import (MAX_PIXELS, ImageFileError, _compiled_module, _pillow_rgb,
                         _resize_kernel, _use_compiled)
 from ._sources import MAX_FILE_BYTES, _names_blob, _pread_into, _read_file, _too_large
-from ._remote import REMOTE_WINDOW, check_window, names_of, remote_shards
+from ._remote import (REMOTE_WINDOW, check_window, list_folder, names_of, remote_files,
+                      remote_shards)
 from ._tarindex import _TAR_IMAGE_EXTS, _TarIndex
 from .._order import window_order, window_rank_length
 from .._retry import RemoteError
-from .._urls import is_remote, redact
+from .._urls import is_remote, local_path, redact, scheme_of
 
 __all__ = ["ImageFolder", "ImageFiles", "TarImages", "IMG_EXTENSIONS"]
 
@@ -350,6 +351,40 @@ class _FileNames:
         return self.blob.nbytes + self.offsets.nbytes
 
 
+def _local_or_url(names, what):
+    """``(names, remote)``: ``file://`` URLs made paths, and which names are URLs
+    (an unknown scheme is a ValueError naming it)."""
+    remote = np.zeros(len(names), bool)
+    for k, n in enumerate(names):
+        if b"://" not in n[:64]:
+            continue
+        text = os.fsdecode(n)
+        try:
+            scheme = scheme_of(text)
+        except ValueError as exc:
+            raise ValueError(f"{what}: paths[{k}]: {exc}") from None
+        if scheme == "file":
+            names[k] = os.fsencode(local_path(text))
+        else:
+            remote[k] = True
+    return names, remote
+
+
+class _NameTexts:
+    """A dataset's file names as a sequence of str (its units' names), over its _FileNames."""
+
+    __slots__ = ("names",)
+
+    def __init__(self, names):
+        self.names = names
+
+    def __len__(self):
+        return len(self.names.offsets) - 1
+
+    def __getitem__(self, i):
+        return os.fsdecode(self.names.path(i))
+
+
 class _Samples:
     """``(path, target)`` pairs made on demand, as torchvision's ``samples`` list holds them."""
 
@@ -368,12 +403,25 @@ class _Samples:
 
 
 class ImageFiles(_ImageDataset):
-    """Any list of image files with their labels.
+    """Any list of image files with their labels, local or in object storage.
+
+    Files in object storage are named by URL (``s3://``, ``http(s)://``,
+    ``gs://``, ``az://``; ``file://`` is a local path).  Each is listed at
+    construction (one listing per folder where the store has listings, a
+    HEAD per file over HTTP): a missing file or bucket is a
+    FileNotFoundError naming its URL, refused credentials a PermissionError.
+    A loader fetches the files of the coming batches ahead of its workers,
+    many requests in flight (``MAX_FILE_REQUESTS``) in the order the batches
+    need them, into ``cache_dir``, never holding more than ``cache_bytes``
+    (what is needed last leaves first), and hands a batch to a worker once
+    its files are there; the workers read them from the cache.  The batches
+    are those of the same files on local disk, for every ``num_workers``.
 
     Parameters
     ----------
     paths : sequence of str or os.PathLike
-        The files; kept as one bytes blob with offsets, not as Python strings.
+        The files (paths or URLs; no brace expansion, one label per name);
+        kept as one bytes blob with offsets, not as Python strings.
     labels : sequence of int
         One label per file.
     crop : RandomResizedCrop or CenterCrop, default RandomResizedCrop(224)
@@ -407,6 +455,27 @@ class ImageFiles(_ImageDataset):
         (skipped and counted with ``on_error="skip"``, like any bad file).
         The read buffer kept between files stays small whatever the bound
         (``READ_BUFFER_KEEP``): one grown for a larger file is dropped after it.
+    cache_dir : str or os.PathLike, optional
+        Where files named by URL are kept: default ``$NETCL_LOADER_CACHE``,
+        else a folder in the system's temporary folder.  Loaders and ranks of
+        one machine sharing the folder share its bound.
+    cache_bytes : int, optional
+        The bound of the cache, never exceeded (a file being fetched counts in
+        full).  It must hold a batch of up to ``MIN_CACHED_FILES`` (256) files:
+        less than the largest 256 files is a ValueError naming both sizes.
+        None: every remote file's bytes, at most ``FILES_CACHE_BYTES`` (4 GiB)
+        and half the free space of the cache's disk, at least that minimum.
+    storage_options : dict, optional
+        The filesystem's options (fsspec's): ``{"endpoint_url": ...}`` for an
+        S3-compatible store, ``key``/``secret``/``token``, ``headers``...
+        Credentials otherwise come from each store's usual environment and
+        files.  They are never shown (repr, errors, stats, state).
+    retry : Retry, optional
+        Timeouts and retries of every request (default ``Retry()``).
+    max_requests : int, optional
+        Requests a loader keeps in flight for the files (default
+        ``MAX_FILE_REQUESTS``, 64): a small file's fetch is mostly its round
+        trip, so many at once keep the decoders fed.
 
     Notes
     -----
@@ -419,7 +488,8 @@ class ImageFiles(_ImageDataset):
 
     def __init__(self, paths, labels, crop=_DEFAULT_CROP, flip=0.5, mean=(0.485, 0.456, 0.406),
                  std=(0.229, 0.224, 0.225), output="float32", extensions=None,
-                 on_error="raise", max_file_bytes=MAX_FILE_BYTES):
+                 on_error="raise", max_file_bytes=MAX_FILE_BYTES, *, cache_dir=None,
+                 cache_bytes=None, storage_options=None, retry=None, max_requests=None):
         self._setup(crop, flip, mean, std, output,
                     on_error, "ImageFiles", max_file_bytes)
         if isinstance(paths, (str, bytes, os.PathLike)):
@@ -433,10 +503,16 @@ class ImageFiles(_ImageDataset):
         _no_extensions(extensions, "ImageFiles", "every path given is read, whatever its "
                        "name; filter the list before passing it")
         self.extensions = None
+        names, remote = _local_or_url(names, "ImageFiles")
         self._names = _FileNames("", names)
         del names
         self.targets = targets
         self.classes = None
+        self._units = None
+        if remote.any():
+            self._units = remote_files(_NameTexts(self._names), remote, storage_options, retry,
+                                       cache_dir, cache_bytes, "ImageFiles",
+                                       max_requests=max_requests)
 
     def path(self, i):
         """The file of sample ``i`` (str)."""
@@ -447,14 +523,37 @@ class ImageFiles(_ImageDataset):
         """``(path, target)`` of every sample, made on demand (torchvision's ``samples``)."""
         return _Samples(self)
 
+    def _netcl_units(self):
+        """The remote files a loader fetches ahead (None: every file is local)."""
+        return self._units
+
     def _read(self, i, proc):
+        units = self._units
+        if units is not None and units.remote[i]:
+            size = int(units.sizes[i])
+            if size > self.max_file_bytes:   # its size as listed
+                raise _too_large(self._name(i), size, self.max_file_bytes)
+            # The file's copy in the cache, put there by the loader's
+            # prefetcher before this batch was handed out (or fetched now when
+            # read outside a loader, or evicted by another process).
+            try:
+                return _read_file(units.path(i), proc, self.max_file_bytes)
+            except FileNotFoundError:
+                return _read_file(units.ensure(i), proc, self.max_file_bytes)
         return _read_file(self._names.path(i), proc, self.max_file_bytes)
 
     def _name(self, i):
-        return os.fsdecode(self._names.path(i))
+        return redact(os.fsdecode(self._names.path(i)))
+
+    def _where(self):
+        u = self._units
+        if u is None:
+            return ""
+        return (f"{int(u.remote.sum())} remote ({u.store.scheme}://), "
+                f"cache_bytes={u.cache.bound}, ")
 
     def __repr__(self):
-        return f"{type(self).__name__}({self._describe()})"
+        return f"{type(self).__name__}({self._where()}{self._describe()})"
 
 
 class ImageFolder(ImageFiles):
@@ -468,11 +567,23 @@ class ImageFolder(ImageFiles):
     A root without class folders, or a class folder without one valid file,
     raises FileNotFoundError naming it, as torchvision does.
 
+    ``root`` may be an object-storage prefix (``"s3://bucket/train/"``, or
+    ``gs://``, ``az://``): its objects are listed once at construction, the
+    classes are the sub-prefixes right under it, sorted, and each class's
+    files are taken in the order above (sub-prefix by sub-prefix, sorted,
+    each one's names sorted), so the dataset is the one the same tree on
+    local disk gives.  Its files are then read as :class:`ImageFiles` reads
+    URLs (fetched ahead by the loader into a bounded cache).  An HTTP server
+    has no listing: give its files to :class:`ImageFiles`.
+
     Parameters
     ----------
     root : str or os.PathLike
+        A folder, or an object-storage prefix (a URL).
     crop, flip, mean, std, output, on_error, max_file_bytes
         As for :class:`ImageFiles`.
+    cache_dir, cache_bytes, storage_options, retry, max_requests
+        As for :class:`ImageFiles`, for a ``root`` in object storage.
     extensions : str or sequence of str, optional
         File name endings to take (compared with the lower-cased name).
 
@@ -495,20 +606,17 @@ class ImageFolder(ImageFiles):
 
     def __init__(self, root, crop=_DEFAULT_CROP, flip=0.5, mean=(0.485, 0.456, 0.406),
                  std=(0.229, 0.224, 0.225), output="float32", extensions=None,
-                 on_error="raise", max_file_bytes=MAX_FILE_BYTES):
+                 on_error="raise", max_file_bytes=MAX_FILE_BYTES, *, cache_dir=None,
+                 cache_bytes=None, storage_options=None, retry=None, max_requests=None):
         self._setup(crop, flip, mean, std, output,
                     on_error, "ImageFolder", max_file_bytes)
         try:
-            root = os.path.expanduser(os.fspath(root))
+            root = os.fspath(root)
         except TypeError:
-            raise TypeError(f"ImageFolder: root must be a folder name (str or os.PathLike), "
-                            f"got {root!r}") from None
+            raise TypeError(f"ImageFolder: root must be a folder name or a URL (str or "
+                            f"os.PathLike), got {root!r}") from None
         if isinstance(root, bytes):
             root = os.fsdecode(root)
-        if not os.path.exists(root):
-            raise FileNotFoundError(f"ImageFolder: root {root!r} does not exist")
-        if not os.path.isdir(root):
-            raise NotADirectoryError(f"ImageFolder: root {root!r} is not a directory")
         exts = IMG_EXTENSIONS if extensions is None else extensions
         if isinstance(exts, str):
             exts = (exts,)
@@ -516,8 +624,17 @@ class ImageFolder(ImageFiles):
         if not exts or not all(isinstance(e, str) for e in exts):
             raise ValueError(f"ImageFolder: extensions must be a str or a sequence of str, "
                              f"got {extensions!r}")
-        self.root = root
         self.extensions = exts
+        self._units = None
+        if is_remote(root):
+            self._list_remote(root, storage_options, retry, cache_dir, cache_bytes, max_requests)
+            return
+        root = os.path.expanduser(local_path(root))
+        if not os.path.exists(root):
+            raise FileNotFoundError(f"ImageFolder: root {root!r} does not exist")
+        if not os.path.isdir(root):
+            raise NotADirectoryError(f"ImageFolder: root {root!r} is not a directory")
+        self.root = root
         classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
         if not classes:
             raise FileNotFoundError(f"Couldn't find any class folder in {root}.")
@@ -544,8 +661,25 @@ class ImageFolder(ImageFiles):
         del names
         self.targets = np.concatenate(labels)
 
+    def _list_remote(self, root, storage_options, retry, cache_dir, cache_bytes, max_requests):
+        # One listing of every object under the prefix (paginated by the store),
+        # not a request per class folder.
+        root, classes, names, targets, infos, store = list_folder(
+            root, storage_options, retry, self.extensions, "ImageFolder", max_requests)
+        self.root = root
+        self.classes = classes
+        self.class_to_idx = {c: k for k, c in enumerate(classes)}
+        self._names = _FileNames(root, [os.fsencode(n) for n in names])
+        del names
+        self.targets = targets
+        self._units = remote_files(_NameTexts(self._names), np.ones(len(targets), bool),
+                                   storage_options, retry, cache_dir, cache_bytes,
+                                   "ImageFolder", infos=infos, store=store,
+                                   max_requests=max_requests)
+
     def __repr__(self):
-        return f"ImageFolder({self.root!r}, {len(self.classes)} classes, {self._describe()})"
+        return (f"ImageFolder({redact(self.root)!r}, {len(self.classes)} classes, "
+                f"{self._where()}{self._describe()})")
 
 
 class TarImages(_ImageDataset):
@@ -619,17 +753,21 @@ class TarImages(_ImageDataset):
         Credentials otherwise come from each store's usual environment and
         files.  They are never shown (repr, errors, stats, state).
     retry : Retry, optional
-        Timeouts and retries of every request (default :class:`Retry()`).
+        Timeouts and retries of every request (default ``Retry()``).
     prefetch_shards : int, optional
         Shards fetched beyond the window being read; default the window's size
         (the next window arrives while the current one is read).
+    max_requests : int, optional
+        Ranged requests (of ``BLOCK_BYTES``, 8 MiB) a loader keeps in flight
+        (default ``MAX_REQUESTS``, 16): S3 serves one connection at tens of
+        MB/s, so a loader reading faster needs several at once.
     """
 
     def __init__(self, shards, crop=_DEFAULT_CROP, flip=0.5, mean=(0.485, 0.456, 0.406),
                  std=(0.229, 0.224, 0.225), output="float32", extensions=None,
                  on_error="raise", max_file_bytes=MAX_FILE_BYTES, *, shuffle_window=None,
                  cache_dir=None, cache_bytes=None, storage_options=None, retry=None,
-                 prefetch_shards=None):
+                 prefetch_shards=None, max_requests=None):
         self._setup(crop, flip, mean, std, output,
                     on_error, "TarImages", max_file_bytes)
         self.shards = names_of(shards, "TarImages", "shards")
@@ -647,7 +785,7 @@ class TarImages(_ImageDataset):
             window = REMOTE_WINDOW if window is None else window
             remote, self._units = remote_shards(
                 self.shards, storage_options, retry, cache_dir, cache_bytes, window,
-                prefetch_shards, "TarImages")
+                prefetch_shards, "TarImages", max_requests)
         else:
             remote = [None] * len(self.shards)
         self.shuffle_window = window

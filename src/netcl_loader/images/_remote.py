@@ -12,14 +12,15 @@ import time
 import numpy as np
 
 from .._cache import Cache, default_cache_dir, entry_key
-from .._prefetch import BLOCK_BYTES, Units
+from .._prefetch import BLOCK_BYTES, MAX_FILE_REQUESTS, MAX_REQUESTS, Units
 from .._retry import Retry
-from .._store import Store
+from .._store import POOL_CONNECTIONS, Store
 from .._urls import expand_braces, is_remote, local_path, redact, scheme_of
 from ._tarindex import _TAR_INDEX_VERSION, _TarIndex
 
-__all__ = ["REMOTE_WINDOW", "SIDECAR_SUFFIX", "MIN_FILES_CACHE_BYTES", "names_of",
-           "remote_shards", "RemoteReader", "check_window"]
+__all__ = ["REMOTE_WINDOW", "SIDECAR_SUFFIX", "MIN_CACHED_FILES", "FILES_CACHE_BYTES",
+           "names_of", "remote_shards", "remote_files", "list_folder", "RemoteReader",
+           "check_window", "TextArray"]
 
 #: ``shuffle_window`` when any shard is remote and none is given: 16 shards
 #: read at once mix samples from 16 places of the dataset, and 16 shards of
@@ -27,9 +28,11 @@ __all__ = ["REMOTE_WINDOW", "SIDECAR_SUFFIX", "MIN_FILES_CACHE_BYTES", "names_of
 REMOTE_WINDOW = 16
 #: The index written beside a shard (local shards keep theirs under this name too).
 SIDECAR_SUFFIX = ".idx.npz"
-#: The smallest cache for image files named by URL: room for the files of the
-#: batches in flight (a few hundred photos of a few hundred KB).
-MIN_FILES_CACHE_BYTES = 64 << 20
+#: The smallest cache for image files named by URL holds this many of the
+#: largest: a batch reads its files from the cache, all at once, so a batch
+#: of up to this many always fits (a larger batch waits for room, and a cache
+#: that can never hold it is an error naming the sizes).
+MIN_CACHED_FILES = 256
 #: The cache for image files by default: at most this, or half the disk's free space.
 FILES_CACHE_BYTES = 4 << 30
 #: Objects asked about at once (HEADs, sidecars) when a dataset is built.
@@ -87,7 +90,7 @@ def _count(value, name, what, minimum=0):
     return int(value)
 
 
-def store_of(urls, storage_options, retry, what):
+def store_of(urls, storage_options, retry, what, max_requests=None):
     """The one :class:`Store` of the remote names ``urls`` (one scheme per dataset)."""
     schemes = sorted({scheme_of(u) for u in urls})
     protocols = {s if s not in ("s3a",) else "s3" for s in schemes}
@@ -97,7 +100,8 @@ def store_of(urls, storage_options, retry, what):
                          f"with ConcatDataset")
     if retry is not None and not isinstance(retry, Retry):
         raise TypeError(f"{what}: retry must be a netcl_loader.images.Retry, got {retry!r}")
-    return Store(schemes[0], storage_options, retry)
+    return Store(schemes[0], storage_options, retry,
+                 max(POOL_CONNECTIONS, max_requests or 0))
 
 
 # --------------------------------------------------------------------------
@@ -348,13 +352,15 @@ def make_cache(cache_dir, cache_bytes, need, want, what, need_text):
     return Cache(folder, cache_bytes)
 
 
-def remote_shards(names, storage_options, retry, cache_dir, cache_bytes, window, prefetch, what):
+def remote_shards(names, storage_options, retry, cache_dir, cache_bytes, window, prefetch, what,
+                  max_requests=None):
     """What TarImages needs of its remote shards: ``(indexes, units)`` with
     ``indexes[k]`` None for a local shard (indexed where it lies)."""
     prefetch = _count(prefetch, "prefetch_shards", what, 0)
+    max_requests = _count(max_requests, "max_requests", what, 1) or MAX_REQUESTS
     remote = [is_remote(n) for n in names]
     urls = [n for n, r in zip(names, remote) if r]
-    store = store_of(urls, storage_options, retry, what)
+    store = store_of(urls, storage_options, retry, what, max_requests)
     infos, sidecars = infos_of(store, urls, with_sidecars=True)
     sizes = [i.size for i in infos]
     biggest = max(sizes)
@@ -380,5 +386,127 @@ def remote_shards(names, storage_options, retry, cache_dir, cache_bytes, window,
             versions.append("")
             etags.append(None)
             out.append(None)
-    units = Units(list(names), remote, all_sizes, versions, etags, store, cache)
+    units = Units(list(names), remote, all_sizes, versions, etags, store, cache,
+                  max_requests=max_requests)
     return out, units
+
+
+# --------------------------------------------------------------------------
+# Image files named by URL
+
+
+class TextArray:
+    """Strings as one UTF-8 blob and int64 offsets: no Python object per item, so
+    a million URLs or ETags cost their bytes and forked workers copy nothing
+    on write.  ``texts[i]`` is a str (None where None was given)."""
+
+    __slots__ = ("blob", "offsets", "none")
+
+    def __init__(self, texts):
+        texts = list(texts)
+        self.none = np.fromiter((t is None for t in texts), bool, len(texts))
+        encoded = [b"" if t is None else t.encode("utf-8", "surrogateescape") for t in texts]
+        lengths = np.fromiter((len(b) for b in encoded), np.int64, len(encoded))
+        self.offsets = np.zeros(len(encoded) + 1, np.int64)
+        np.cumsum(lengths, out=self.offsets[1:])
+        self.blob = np.frombuffer(b"".join(encoded), np.uint8).copy()
+
+    def __len__(self):
+        return len(self.none)
+
+    def __getitem__(self, i):
+        if self.none[i]:
+            return None
+        a, b = self.offsets[i], self.offsets[i + 1]
+        return self.blob[a:b].tobytes().decode("utf-8", "surrogateescape")
+
+    def __getstate__(self):
+        return (self.blob, self.offsets, self.none)
+
+    def __setstate__(self, state):
+        self.blob, self.offsets, self.none = state
+
+
+def remote_files(names, remote, storage_options, retry, cache_dir, cache_bytes, what,
+                 infos=None, store=None, max_requests=None):
+    """The :class:`~.._prefetch.Units` of image files, one per file: ``names[u]``
+    (a sequence of str, kept as the units' names) is a local path or a URL,
+    ``remote[u]`` whether it is a URL.  Every remote file is listed (or given
+    in ``infos``, in the order of the remote names) at construction: a missing
+    one is a FileNotFoundError naming its URL."""
+    remote = np.asarray(remote, bool)
+    max_requests = _count(max_requests, "max_requests", what, 1) or MAX_FILE_REQUESTS
+    urls = [names[u] for u in np.flatnonzero(remote).tolist()]
+    if store is None:
+        store = store_of(urls, storage_options, retry, what, max_requests)
+    if infos is None:
+        infos, _ = infos_of(store, urls, with_sidecars=False)
+    sizes = np.full(len(remote), -1, np.int64)
+    sizes[remote] = [i.size for i in infos]
+    listed = np.sort(sizes[remote])
+    total = int(listed.sum())
+    need = int(listed[-MIN_CACHED_FILES:].sum())
+    held = min(MIN_CACHED_FILES, len(listed))
+    need_text = (f"a batch of up to {MIN_CACHED_FILES} files must fit, and the largest "
+                 f"{held} of the {len(listed)} files are {need} bytes (all are {total} bytes)")
+    cache = make_cache(cache_dir, cache_bytes, need, max(need, min(total, FILES_CACHE_BYTES)),
+                       what, need_text)
+    versions, etags = [None] * len(remote), [None] * len(remote)
+    for u, info in zip(np.flatnonzero(remote).tolist(), infos):
+        versions[u] = info.version
+        etags[u] = strong_etag(info.etag)
+    return Units(names, remote, sizes, TextArray(versions), TextArray(etags), store, cache,
+                 max_requests=max_requests)
+
+
+def list_folder(root, storage_options, retry, extensions, what, max_requests=None):
+    """An object-storage prefix laid out as torchvision's ImageFolder reads a folder:
+    ``(root, classes, names, labels, infos, store)``, ``root`` ending with a
+    slash, ``names`` relative to it.
+
+    The classes are the sub-prefixes right under ``root``, sorted; each
+    class's files are those whose lower-cased name ends with one of
+    ``extensions``, taken folder by folder in sorted order and sorted by name
+    in each (the order torchvision's ``sorted(os.walk(...))`` gives).
+    Objects right under ``root`` belong to no class and are passed over, as
+    files beside the class folders are."""
+    root = root if root.endswith("/") else root + "/"
+    max_requests = _count(max_requests, "max_requests", what, 1) or MAX_FILE_REQUESTS
+    store = store_of([root], storage_options, retry, what, max_requests)
+    if store.protocol in ("http", "https"):
+        raise ValueError(f"{what}: root {redact(root)!r}: an HTTP server has no listing of its "
+                         f"folders to read classes from; list the files and give them with "
+                         f"their labels to ImageFiles, or use s3://, gs:// or az://")
+    try:
+        found = store.sync(store.find, root)
+    except (FileNotFoundError, PermissionError) as exc:
+        raise type(exc)(exc.errno, exc.strerror, redact(root)) from None
+    folders = {}
+    for url, info in found.items():
+        rel = url[len(root):] if url.startswith(root) else None
+        if not rel or "/" not in rel or rel.endswith("/"):
+            continue
+        folder, name = rel.rsplit("/", 1)
+        folders.setdefault(folder.split("/", 1)[0], {}).setdefault(folder, []).append(
+            (name, info))
+    classes = sorted(folders)
+    if not classes:
+        raise FileNotFoundError(errno.ENOENT, "Couldn't find any class folder (no object "
+                                              "under a sub-prefix of the root)", redact(root))
+    names, labels, infos, empty = [], [], [], []
+    for k, c in enumerate(classes):
+        count = 0
+        for folder in sorted(folders[c]):
+            for name, info in sorted(folders[c][folder], key=lambda x: x[0]):
+                if name.lower().endswith(extensions):
+                    names.append(f"{folder}/{name}")
+                    infos.append(info)
+                    count += 1
+        if not count:
+            empty.append(c)
+        labels.append(np.full(count, k, np.int64))
+    if empty:
+        raise FileNotFoundError(
+            f"Found no valid file for the classes {', '.join(sorted(empty))} in "
+            f"{redact(root)}. Supported extensions are: {', '.join(extensions)}")
+    return root, classes, names, np.concatenate(labels), infos, store
