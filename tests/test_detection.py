@@ -310,6 +310,87 @@ def random_boxes(rng, height, width, n):
     return clamp(np.stack([x1, y1, x1 + w, y1 + h], axis=1), height, width)
 
 
+def retinaface_crop(height, width, boxes, u, scales=(0.3, 0.45, 0.6, 0.8, 1.0), tries=250):
+    """RetinaFace's ``data_augment._crop`` written out, one try after another, its
+    ``random.choice`` and ``random.randrange`` read from the table ``u`` in the order
+    SquareCrop documents: (window or None, kept mask)."""
+    for k in range(tries):
+        scale = scales[min(int(u[3 * k] * len(scales)), len(scales) - 1)]
+        w = h = int(scale * min(width, height))
+        left = 0 if width == w else min(int(u[3 * k + 1] * (width - w)), width - w - 1)
+        top = 0 if height == h else min(int(u[3 * k + 2] * (height - h)), height - h - 1)
+        roi = np.array((left, top, left + w, top + h), np.float64)
+        lt = np.maximum(boxes[:, :2], roi[:2])
+        rb = np.minimum(boxes[:, 2:], roi[2:])
+        area_i = np.prod(rb - lt, axis=1) * (lt < rb).all(axis=1)
+        area_a = np.prod(boxes[:, 2:] - boxes[:, :2], axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            iof = area_i / area_a
+        if not (iof >= 1).any():
+            continue
+        centers = (boxes[:, :2] + boxes[:, 2:]) / 2
+        mask = np.logical_and(roi[:2] < centers, centers < roi[2:]).all(axis=1)
+        if not mask.any():
+            continue
+        return (top, left, h, w), mask
+    return None, None
+
+
+def torchvision_iou_crop(height, width, boxes, u, attempts, trials=40,
+                         options=(0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0)):
+    """torchvision v2's ``RandomIoUCrop.make_params`` written out, its draws read from
+    ``u`` in the order RandomIoUCrop documents: (window or None, kept mask)."""
+    per = 1 + 4 * trials
+    for a in range(attempts):
+        threshold = options[min(int(u[a * per] * len(options)), len(options) - 1)]
+        if threshold >= 1.0:
+            return None, None
+        for t in range(trials):
+            r = u[a * per + 1 + 4 * t:a * per + 5 + 4 * t]
+            new_w, new_h = int(width * (0.3 + 0.7 * r[0])), int(height * (0.3 + 0.7 * r[1]))
+            if new_h == 0 or not 0.5 <= new_w / new_h <= 2.0:
+                continue
+            left, top = int((width - new_w) * r[2]), int((height - new_h) * r[3])
+            right, bottom = left + new_w, top + new_h
+            if left == right or top == bottom:
+                continue
+            cx = 0.5 * (boxes[:, 0] + boxes[:, 2])
+            cy = 0.5 * (boxes[:, 1] + boxes[:, 3])
+            within = (left < cx) & (cx < right) & (top < cy) & (cy < bottom)
+            if not within.any():
+                continue
+            if box_iou(boxes[within], (top, left, new_h, new_w)).max() < threshold:
+                continue
+            return (top, left, new_h, new_w), within
+    return None, None
+
+
+def test_the_crops_replay_the_reference_algorithms():
+    """From the same numbers, SquareCrop gives RetinaFace's window and kept boxes and
+    RandomIoUCrop torchvision's (the engine evaluates tries in vectorised groups)."""
+    rng = np.random.default_rng(12)
+    square, iou = SquareCrop(), RandomIoUCrop()
+    outcomes = set()
+    for trial in range(300):
+        height, width = int(rng.integers(30, 900)), int(rng.integers(30, 900))
+        boxes = random_boxes(rng, height, width, int(rng.integers(0, 15)))
+        if trial % 7 == 0 and len(boxes):
+            boxes[0, 2] = boxes[0, 0]  # a box of zero width: never "wholly inside"
+        for crop, ref in ((square, lambda u: retinaface_crop(height, width, boxes, u)),
+                          (iou, lambda u: torchvision_iou_crop(height, width, boxes, u,
+                                                               iou.attempts))):
+            u = rng.random(crop.draws)
+            window, place, keep = crop.detect(height, width, boxes, u, 50, 50)
+            want, want_keep = ref(u)
+            if want is None:
+                assert keep is None and window == (0, 0, height, width)
+            else:
+                assert window == want
+                np.testing.assert_array_equal(keep, want_keep)
+            outcomes.add((type(crop).__name__, want is None))
+    assert len(outcomes) == 4, outcomes
+
+
 def test_square_crop_invariants():
     rng = np.random.default_rng(7)
     crop = SquareCrop()
@@ -403,9 +484,10 @@ def test_random_iou_crop_invariants():
 
 
 def test_random_iou_crop_without_boxes_or_with_threshold_1_does_not_crop():
-    assert RandomIoUCrop(thresholds=(1.0,)).detect(
-        200, 300, np.array([[10., 10, 50, 50]]), np.random.default_rng(1).random(41 * 16),
-        64, 64) == ((0, 0, 200, 300), (0, 0, 64, 64), None)
+    one = RandomIoUCrop(thresholds=(1.0,))
+    assert one.detect(200, 300, np.array([[10., 10, 50, 50]]),
+                      np.random.default_rng(1).random(one.draws), 64, 64) == (
+        (0, 0, 200, 300), (0, 0, 64, 64), None)
     crop = RandomIoUCrop(attempts=3, thresholds=(0.5,))
     assert crop.draws == 3 * 161
     assert crop.detect(200, 300, np.zeros((0, 4)), np.zeros(crop.draws), 64, 64)[2] is None
@@ -530,7 +612,8 @@ def assert_same_batches(a, b):
 
 def test_numpy_face_every_num_workers_gives_the_same_batches(painted):
     paths, boxes, labels = painted
-    ds = DetectionFiles(paths, boxes, labels, size=96, crop=SquareCrop(), image_ids=np.arange(12) + 100)
+    ds = DetectionFiles(paths, boxes, labels, size=96, crop=SquareCrop(),
+                        image_ids=np.arange(12) + 100)
     runs = {}
     for nw in (0, 2):
         with DataLoader(ds, batch_size=5, shuffle=True, num_workers=nw, seed=4) as dl:
@@ -658,3 +741,39 @@ def test_a_slot_too_small_for_the_boxes_grows(painted, tmp_path):
     assert_same_batches(got, ref)
     assert grown >= 1
     assert len(ref[2][1]["boxes"]) > 10000
+
+
+needs_nginx = pytest.mark.skipif(
+    __import__("shutil").which("nginx") is None and not os.path.exists("/usr/sbin/nginx"),
+    reason="nginx is not installed (apt-get install nginx-light)")
+
+
+@needs_nginx
+def test_files_over_http_give_the_local_files_batches(painted, tmp_path):
+    """Images named by URL (a loopback nginx): fetched ahead into the cache, the same
+    batches, boxes and ids as the same files on disk."""
+    from netcl_loader.images import Retry
+    from remote_util import Nginx
+    paths, boxes, labels = painted
+    root = os.path.dirname(paths[0])
+    with Nginx(root) as server:
+        urls = [f"{server.url}/{os.path.basename(p)}" for p in paths]
+        remote = DetectionFiles(urls, boxes, labels, size=64, cache_dir=tmp_path / "cache",
+                                retry=Retry(attempts=8, backoff_seconds=0.005,
+                                            backoff_max_seconds=0.05))
+        local = DetectionFiles(paths, boxes, labels, size=64)
+        kw = dict(batch_size=5, shuffle=True, seed=8, num_workers=2)
+        with DataLoader(local, **kw) as a, DataLoader(remote, **kw) as b:
+            assert_same_batches([copy_batch(x) for x in b], [copy_batch(x) for x in a])
+
+
+def test_a_subset_keeps_the_torch_face_targets(painted):
+    pytest.importorskip("torch")
+    from netcl_loader import Subset
+    from netcl_loader.torch import DataLoader as TorchLoader
+    paths, boxes, labels = painted
+    ds = DetectionFiles(paths, boxes, labels, size=48, crop=Letterbox())
+    images, targets = next(iter(TorchLoader(Subset(ds, [5, 6, 7]), batch_size=3)))
+    assert images.shape == (3, 3, 48, 48)
+    assert [t["image_id"] for t in targets] == [5, 6, 7]
+    assert [len(t["boxes"]) for t in targets] == [len(boxes[k]) for k in (5, 6, 7)]

@@ -171,6 +171,9 @@ class Subset:
             def gather(indices, alloc):
                 return inner(self.indices[np.asarray(indices, dtype=np.int64)], alloc)
             return gather
+        if name == "_netcl_torch_batch":
+            # How the PyTorch face reshapes the wrapped dataset's batches (detection targets).
+            return getattr(self.dataset, name)
         raise AttributeError(name)
 
     def __repr__(self):

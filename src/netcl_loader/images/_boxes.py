@@ -41,10 +41,8 @@ def to_xyxy(boxes, fmt):
 def clamp(boxes, height, width):
     """XYXY ``boxes`` clamped to a ``height`` x ``width`` canvas (x into [0, width],
     y into [0, height]): torchvision's ``clamp_bounding_boxes``."""
-    b = np.array(boxes, dtype=np.float64).reshape(-1, 4)
-    np.clip(b[:, 0::2], 0.0, width, out=b[:, 0::2])
-    np.clip(b[:, 1::2], 0.0, height, out=b[:, 1::2])
-    return b
+    b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+    return np.clip(b, 0.0, np.array([width, height, width, height], np.float64))
 
 
 def crop_resize_flip(boxes, window, place, out_w, flip):
@@ -58,14 +56,19 @@ def crop_resize_flip(boxes, window, place, out_w, flip):
     padding).  ``flip``: x -> out_w - x over the whole output.  Returns
     float32 (N, 4).
     """
-    top, left, h, w = (float(v) for v in window)
-    y0, x0, ph, pw = (float(v) for v in place)
-    b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
-    b = clamp(b - np.array([left, top, left, top]), h, w)
-    b *= np.array([pw / w, ph / h, pw / w, ph / h])
-    b += np.array([x0, y0, x0, y0])
+    top, left, h, w = window
+    y0, x0, ph, pw = place
+    sx, sy = pw / w, ph / h
+    # A few whole-array operations (the boxes of one image are few: each NumPy
+    # call costs more than its arithmetic).
+    b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4) - np.array([left, top, left, top],
+                                                                        np.float64)
+    np.clip(b, 0.0, np.array([w, h, w, h], np.float64), out=b)
+    b *= np.array([sx, sy, sx, sy])
+    b += np.array([x0, y0, x0, y0], np.float64)
     if flip:
-        b = np.stack([out_w - b[:, 2], b[:, 1], out_w - b[:, 0], b[:, 3]], axis=1)
+        b = b[:, [2, 1, 0, 3]] * np.array([-1.0, 1.0, -1.0, 1.0])
+        b += np.array([out_w, 0.0, out_w, 0.0])
     return b.astype(np.float32)
 
 

@@ -8,8 +8,6 @@ import numbers
 
 import numpy as np
 
-from ._boxes import box_iou, centre_inside, inside_fraction
-
 __all__ = ["RandomResizedCrop", "CenterCrop", "SquareCrop", "RandomIoUCrop", "Letterbox",
            "CROP_TRIES", "IOU_CROP_ATTEMPTS"]
 
@@ -21,9 +19,9 @@ CROP_TRIES = 10
 #: threshold 0 nearly always succeeds, so 16 attempts change the
 #: distribution only for images where nearly every crop fails.
 IOU_CROP_ATTEMPTS = 16
-#: Tries evaluated at once by the detection crops (vectorised): most images
-#: accept one of the first few, so a small group wastes little.
-_TRY_GROUP = 16
+#: SquareCrop's tries evaluated first, at once (vectorised); then all the others
+#: at once.  Most images accept one of the first few, so the first group is small.
+_FIRST_TRIES = 8
 
 
 
@@ -290,22 +288,27 @@ class SquareCrop:
         short = min(height, width)
         if len(boxes):
             u = np.asarray(u, dtype=np.float64)[:self.draws].reshape(self.tries, 3)
-            for k0 in range(0, self.tries, _TRY_GROUP):
-                g = u[k0:k0 + _TRY_GROUP]
+            x1, y1, x2, y2 = (boxes[:, k] for k in range(4))
+            cx, cy = 0.5 * (x1 + x2), 0.5 * (y1 + y2)
+            # RetinaFace's matrix_iof >= 1: inside, and of positive area (0 / 0 is NaN).
+            solid = (x2 > x1) & (y2 > y1)
+            for k0, k1 in ((0, _FIRST_TRIES), (_FIRST_TRIES, self.tries)):
+                if k0 >= k1:
+                    break
+                g = u[k0:k1]
                 side = (self._scales[_randbelow(g[:, 0], len(self.scales))] * short).astype(
                     np.int64)
                 left = np.where(side == width, 0, _randbelow(g[:, 1], np.maximum(width - side, 1)))
                 top = np.where(side == height, 0,
                                _randbelow(g[:, 2], np.maximum(height - side, 1)))
-                for k in range(len(g)):
-                    if side[k] < 1:  # RetinaFace: an empty square holds no box
-                        continue
+                l, t, r, b = (v[:, None] for v in (left, top, left + side, top + side))
+                wholly = solid & (x1 >= l) & (x2 <= r) & (y1 >= t) & (y2 <= b)
+                centred = (l < cx) & (cx < r) & (t < cy) & (cy < b)
+                ok = (side >= 1) & wholly.any(axis=1) & centred.any(axis=1)
+                if ok.any():
+                    k = int(np.argmax(ok))
                     window = (int(top[k]), int(left[k]), int(side[k]), int(side[k]))
-                    if not (inside_fraction(boxes, window) >= 1.0).any():
-                        continue
-                    keep = centre_inside(boxes, window)
-                    if keep.any():
-                        return window, (0, 0, out_h, out_w), keep
+                    return window, (0, 0, out_h, out_w), centred[k]
         longer = max(height, width)
         ph = min(out_h, max(1, int(round(height * out_h / longer))))
         pw = min(out_w, max(1, int(round(width * out_w / longer))))
@@ -378,6 +381,10 @@ class RandomIoUCrop:
         self.trials = int(trials)
         self.attempts = int(attempts)
         self.draws = self.attempts * (1 + 4 * self.trials)
+        self._groups, a = [], 0
+        while a < self.attempts:
+            self._groups.append((a, min(self.attempts, 2 * a + 1)))
+            a = self._groups[-1][1]
 
     def detect(self, height, width, boxes, u, out_h, out_w):
         """``(window, place, keep)`` for an image of ``height`` x ``width`` with XYXY
@@ -386,26 +393,45 @@ class RandomIoUCrop:
         u = np.asarray(u, dtype=np.float64)[:self.draws].reshape(self.attempts, -1)
         whole = ((0, 0, height, width), (0, 0, out_h, out_w), None)
         lo, span = self.min_scale, self.max_scale - self.min_scale
-        for a in range(self.attempts):
-            threshold = self.thresholds[int(_randbelow(u[a, 0], len(self.thresholds)))]
-            if threshold >= 1.0:
-                return whole
-            if not len(boxes):
-                continue   # no box can have its centre inside: every trial fails
-            r = u[a, 1:].reshape(self.trials, 4)
-            new_w = (width * (lo + span * r[:, 0])).astype(np.int64)
-            new_h = (height * (lo + span * r[:, 1])).astype(np.int64)
-            left = ((width - new_w) * r[:, 2]).astype(np.int64)
-            top = ((height - new_h) * r[:, 3]).astype(np.int64)
+        x1, y1, x2, y2 = (boxes[:, k, None, None] for k in range(4))
+        cx, cy = 0.5 * (x1 + x2), 0.5 * (y1 + y2)
+        area = (x2 - x1) * (y2 - y1)
+        th = np.asarray(self.thresholds)[_randbelow(u[:, 0], len(self.thresholds))]
+        # Attempts in vectorised groups of 1, 2, 4, ... (threshold 0 or 1 ends
+        # most images within the first few); the first attempt that ends wins,
+        # as drawing them one after another gives.
+        for a0, a1 in self._groups:
+            if not len(boxes):  # no box can have its centre inside: only 1.0 ends
+                if (th[a0:a1] >= 1.0).any():
+                    return whole
+                continue
+            r = u[a0:a1, 1:].reshape(a1 - a0, self.trials, 4)
+            new_w = (width * (lo + span * r[..., 0])).astype(np.int64)
+            new_h = (height * (lo + span * r[..., 1])).astype(np.int64)
+            left = ((width - new_w) * r[..., 2]).astype(np.int64)
+            top = ((height - new_h) * r[..., 3]).astype(np.int64)
             ok = (new_w > 0) & (new_h > 0)
             with np.errstate(divide="ignore", invalid="ignore"):
                 aspect = new_w / new_h
             ok &= (self.min_aspect_ratio <= aspect) & (aspect <= self.max_aspect_ratio)
-            for t in np.flatnonzero(ok):
-                window = (int(top[t]), int(left[t]), int(new_h[t]), int(new_w[t]))
-                keep = centre_inside(boxes, window)
-                if keep.any() and box_iou(boxes[keep], window).max() >= threshold:
-                    return window, (0, 0, out_h, out_w), keep
+            # (boxes, attempts, trials): the centre rule and the IoU with each crop.
+            right, bottom = left + new_w, top + new_h
+            inside = (left < cx) & (cx < right) & (top < cy) & (cy < bottom)
+            iw = np.clip(np.minimum(x2, right) - np.maximum(x1, left), 0.0, None)
+            ih = np.clip(np.minimum(y2, bottom) - np.maximum(y1, top), 0.0, None)
+            inter = iw * ih
+            with np.errstate(divide="ignore", invalid="ignore"):
+                iou = inter / (area + new_w * new_h - inter)
+            best = np.where(inside, iou, -np.inf).max(axis=0)
+            ok &= inside.any(axis=0) & (best >= th[a0:a1, None])
+            for a in range(a1 - a0):
+                if th[a0 + a] >= 1.0:
+                    return whole
+                if ok[a].any():
+                    t = int(np.argmax(ok[a]))
+                    window = (int(top[a, t]), int(left[a, t]), int(new_h[a, t]),
+                              int(new_w[a, t]))
+                    return window, (0, 0, out_h, out_w), inside[:, a, t]
         return whole
 
     def __repr__(self):
