@@ -293,10 +293,9 @@ def test_square_crop_draws_match_retinaface():
     assert fallbacks > 20 and len(sides) >= 5
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "RetinaFace's matrix_iof divides the intersection by max(box area, 1): a box under 1 px^2 "
-    "never counts as wholly inside; the engine's inside_fraction divides by the area itself"))
 def test_square_crop_sub_pixel_box_as_retinaface():
+    """RetinaFace's matrix_iof divides the intersection by max(box area, 1): a box under
+    1 px^2 never counts as wholly inside, and SquareCrop follows it."""
     from netcl_loader.images import SquareCrop
 
     crop = SquareCrop()

@@ -104,15 +104,12 @@ def box_iou(boxes, window):
 
 
 def inside_fraction(boxes, window):
-    """The fraction of each XYXY box's area inside ``window`` = (top, left, h, w):
-    RetinaFace's ``matrix_iof`` (1 for a box wholly inside; a box of zero area
-    gives NaN there, never 1, and 0 here)."""
+    """Each XYXY box's area inside ``window`` = (top, left, h, w) over its area, the
+    area taken as at least 1 px^2: RetinaFace's ``matrix_iof`` (1 for a box of at
+    least 1 px^2 wholly inside; a smaller box never reaches 1)."""
     top, left, h, w = (float(v) for v in window)
     b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
     lt = np.maximum(b[:, :2], [left, top])
     rb = np.minimum(b[:, 2:], [left + w, top + h])
     inter = np.prod(rb - lt, axis=1) * (lt < rb).all(axis=1)
-    area = np.prod(b[:, 2:] - b[:, :2], axis=1)
-    out = np.zeros(len(b))
-    np.divide(inter, area, out=out, where=area > 0)
-    return out
+    return inter / np.maximum(np.prod(b[:, 2:] - b[:, :2], axis=1), 1.0)

@@ -229,8 +229,9 @@ class SquareCrop:
     side)``, ``top = randrange(H - side)``, 0 where the square spans that
     side: RetinaFace's ``random.randrange``, which never puts a square
     smaller than the image flush with its right or bottom edge).  A square is
-    accepted when at least one box lies wholly inside it (RetinaFace's
-    ``matrix_iof >= 1``) and at least one box's centre lies strictly inside;
+    accepted when at least one box of at least 1 px^2 lies wholly inside it
+    (RetinaFace's ``matrix_iof >= 1``, which divides by ``max(area, 1)``) and
+    at least one box's centre lies strictly inside;
     the boxes kept are those whose centre lies strictly inside (clipped to
     the square).  After ``tries`` failures (or at once for an image without
     boxes, where every try fails), the whole image is used, padded to a
@@ -290,8 +291,9 @@ class SquareCrop:
             u = np.asarray(u, dtype=np.float64)[:self.draws].reshape(self.tries, 3)
             x1, y1, x2, y2 = (boxes[:, k] for k in range(4))
             cx, cy = 0.5 * (x1 + x2), 0.5 * (y1 + y2)
-            # RetinaFace's matrix_iof >= 1: inside, and of positive area (0 / 0 is NaN).
-            solid = (x2 > x1) & (y2 > y1)
+            # RetinaFace's matrix_iof >= 1: inside, and of at least 1 px^2 (it
+            # divides by max(area, 1), so a smaller box never reaches 1).
+            solid = (x2 - x1) * (y2 - y1) >= 1.0
             for k0, k1 in ((0, _FIRST_TRIES), (_FIRST_TRIES, self.tries)):
                 if k0 >= k1:
                     break
