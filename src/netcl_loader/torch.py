@@ -496,9 +496,12 @@ rank, world_size
         else:
             it = self._main_iteration(eng, old)
         object.__setattr__(self, "_iterated", True)
-        hook = getattr(self.dataset, "_netcl_torch_batch", None)
-        if hook is not None and self.batch_sampler is not None and self.collate_fn in (
-                default_collate, None):
+        try:
+            hook = getattr(self.dataset, "_netcl_torch_batch", None)
+        except Exception:  # a dataset's own __getattr__ may raise anything
+            hook = None
+        if hook is not None and self.batch_sampler is not None and (
+                self.collate_fn is default_collate or self.collate_fn is None):
             # A dataset whose batches the face reshapes (detection targets: flat
             # tensors to torchvision's list of per-image dicts, as views).
             it = _BatchHook(it, hook)

@@ -76,8 +76,15 @@ class DetectionFiles(ImageFiles):
         Files in object storage, as :class:`ImageFiles`.
     image_ids : sequence of int, optional
         Each image's id in the batches (``image_id``); default its index.
-    max_file_bytes, retry
+    max_file_bytes, retry, max_requests
         As :class:`ImageFiles`.
+
+    Attributes
+    ----------
+    image_ids : ndarray of int64
+        Each image's id (also ``targets``, ImageFiles' per-file value).
+    size : (int, int)
+        The output (height, width).
 
     Raises
     ------
@@ -107,7 +114,7 @@ class DetectionFiles(ImageFiles):
                  box_format="xyxy", mean=None, std=None, output="float32", min_size=1.0,
                  min_area=1.0, on_error="raise", cache_dir=None, cache_bytes=None,
                  storage_options=None, *, image_ids=None, max_file_bytes=MAX_FILE_BYTES,
-                 retry=None):
+                 retry=None, max_requests=None):
         what = type(self).__name__
         # Checked here first so that errors name this class (ImageFiles checks again).
         _checked_options(crop, flip, mean, std, output, on_error, what, self._CROPS)
@@ -141,14 +148,13 @@ class DetectionFiles(ImageFiles):
             ids = ids.astype(np.int64)
         self._boxes, self._labels, self._offsets = self._flat_targets(
             names, boxes, labels, box_format, what)
-        remote = {k: v for k, v in (("cache_dir", cache_dir), ("cache_bytes", cache_bytes),
-                                    ("storage_options", storage_options), ("retry", retry))
-                  if v is not None}
         # The files, their reading (local or remote), options and errors are
         # ImageFiles'; its per-file "targets" are the image ids here.
         ImageFiles.__init__(self, paths, ids, crop=crop, flip=flip, mean=mean, std=std,
                             output=output, on_error=on_error, max_file_bytes=max_file_bytes,
-                            **remote)
+                            cache_dir=cache_dir, cache_bytes=cache_bytes,
+                            storage_options=storage_options, retry=retry,
+                            max_requests=max_requests)
         self.image_ids = self.targets
         fill = getattr(self.crop, "fill", None)
         if fill is None:
