@@ -778,3 +778,28 @@ def test_a_subset_keeps_the_torch_face_targets(painted):
     assert images.shape == (3, 3, 48, 48)
     assert [t["image_id"] for t in targets] == [5, 6, 7]
     assert [len(t["boxes"]) for t in targets] == [len(boxes[k]) for k in (5, 6, 7)]
+
+
+@pytest.mark.parametrize("crop", sorted(CROPS))
+def test_tiny_and_oblong_images(tmp_path, crop):
+    """Images of a few pixels, or one pixel across: every crop gives a window inside the
+    image, a valid place, and boxes inside the output."""
+    rng = np.random.default_rng(5)
+    paths, boxes, labels = [], [], []
+    for k, (w, h) in enumerate([(1, 1), (5, 3), (2, 700), (700, 2), (9, 9)]):
+        path = tmp_path / f"t{k}.jpg"
+        path.write_bytes(encode_jpeg(photo_region(rng, (w, h)), quality=90))
+        paths.append(str(path))
+        boxes.append(np.array([[0, 0, w, h], [w / 3, h / 3, w / 2, h / 2]], np.float64))
+        labels.append(np.array([0, 1]))
+    size = (40, 56)
+    ds = DetectionFiles(paths, boxes, labels, size=size, crop=CROPS[crop](size), min_size=0,
+                        min_area=0)
+    for i in range(len(paths)):
+        for seed in range(4):
+            np.random.seed(seed)
+            image, t = ds[i]
+            assert image.shape == (3,) + size and np.isfinite(image).all()
+            b = t["boxes"]
+            assert ((b[:, 0] >= 0) & (b[:, 2] <= size[1]) & (b[:, 1] >= 0)
+                    & (b[:, 3] <= size[0])).all()

@@ -44,6 +44,11 @@ class DetectionFiles(ImageFiles):
     area at least ``min_area``, in output pixels), and by the crop's own
     centre rule (:class:`SquareCrop`, :class:`RandomIoUCrop`); a dropped box
     takes its label with it.  An image left with no box is delivered.
+    Where the image does not fill the output (:class:`Letterbox`,
+    :class:`SquareCrop`'s padded fallback) the decoder writes its part of the
+    row and only the border around it is filled, with the crop's ``fill``
+    colour (default the dataset's ``mean``, 0 once normalised, or ImageNet's
+    mean); a flip mirrors the whole output, padding included.
 
     Parameters
     ----------
