@@ -6,7 +6,10 @@ progressive, grey, CMYK, odd sizes) and feeds ``Decoder.info`` and
 ``Decoder.decode_into`` thousands of variants: truncations, bit flips, byte
 insertions and deletions, random markers, forged frame sizes, spliced
 segments. Every input must either decode or raise ImageError; the output
-array's neighbours must stay untouched. ``.ci/asan`` runs this file with
+array's neighbours must stay untouched, and a decode into a sub-rectangle of a
+padded array (row and plane strides larger than the output's, as for a
+letterboxed detection image) must give the same pixels and leave the padding
+untouched. ``.ci/asan`` runs this file with
 AddressSanitizer and UndefinedBehaviorSanitizer, which turn any read or
 write outside a buffer (in our C or in libjpeg) into a failure.
 
@@ -19,7 +22,8 @@ which Pillow passes on as an image and the loader refuses.
 
 The resize kernel is fuzzed on geometry: boxes of every shape (1-pixel
 strips, boxes at the edges, beyond them by the rounding tolerance, fractional
-ones) to output sizes from 1 to several times the box.
+ones) to output sizes from 1 to several times the box, into contiguous and
+padded outputs.
 """
 import collections
 import io
