@@ -803,3 +803,10 @@ def test_tiny_and_oblong_images(tmp_path, crop):
             b = t["boxes"]
             assert ((b[:, 0] >= 0) & (b[:, 2] <= size[1]) & (b[:, 1] >= 0)
                     & (b[:, 3] <= size[0])).all()
+
+
+def test_a_bad_box_of_a_signed_url_does_not_show_the_signature():
+    url = "https://example.com/img/a.jpg?X-Amz-Signature=deadbeef&X-Amz-Credential=AKIA"
+    with pytest.raises(ValueError, match=r"box 0") as info:
+        DetectionFiles([url], [[[1.0, 2, np.nan, 4]]], [[0]])
+    assert "deadbeef" not in str(info.value) and "AKIA" not in str(info.value)

@@ -12,6 +12,7 @@ from ._buffers import _here
 from ._crops import Letterbox, RandomIoUCrop, RandomResizedCrop, SquareCrop, _size_pair
 from ._datasets import ImageFiles, _checked_options, _fs_names
 from ._sources import MAX_FILE_BYTES
+from .._urls import redact
 
 __all__ = ["DetectionFiles", "IMAGENET_MEAN"]
 
@@ -184,7 +185,7 @@ class DetectionFiles(ImageFiles):
         counts = np.zeros(n + 1, np.int64)
         box_parts, label_parts = [], []
         for k in range(n):
-            name = os.fsdecode(names[k])
+            name = redact(os.fsdecode(names[k]))   # a signed URL's query is never shown
             try:
                 b = np.asarray(boxes[k], dtype=np.float64)
             except (TypeError, ValueError):
