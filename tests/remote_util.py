@@ -15,6 +15,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import weakref
 
 HOST = "127.0.0.1"
 #: Seconds a server may take to answer after it was started.
@@ -229,6 +230,53 @@ _S3_SLOWDOWN = (b"<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowD
                 b"<Message>Please reduce your request rate.</Message></Error>")
 
 
+_PROXIES = weakref.WeakSet()
+
+
+def _drop_proxy_sockets():
+    """In a process forked from one running a FaultProxy (a loader's worker):
+    close this process's copies of the proxy's sockets.  While a copy is open,
+    a connection the proxy closes (a reset, a truncated body) is not closed
+    for the client, which then waits for its read timeout instead of seeing
+    the fault."""
+    for proxy in list(_PROXIES):
+        for s in [proxy.sock] + list(proxy.conns):
+            try:
+                # detach: the socket object forgets the descriptor, so that
+                # nothing closes its number again once it is reused.
+                fd = s.detach()
+            except OSError:
+                continue
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+
+def _hold_proxies():
+    # No socket is made between its creation and its registration while a
+    # process forks: the child would hold a copy it does not know of.
+    for proxy in list(_PROXIES):
+        proxy.fd_lock.acquire()
+
+
+def _release_proxies():
+    for proxy in list(_PROXIES):
+        if proxy.fd_lock.locked():
+            proxy.fd_lock.release()
+
+
+def _after_fork_in_child():
+    _drop_proxy_sockets()
+    _release_proxies()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_hold_proxies, after_in_parent=_release_proxies,
+                        after_in_child=_after_fork_in_child)
+
+
 class FaultProxy:
     """An HTTP/1.1 proxy on 127.0.0.1 in front of ``upstream`` (host, port) that
     injects faults into a share of the responses.
@@ -259,6 +307,9 @@ class FaultProxy:
         self.url = f"http://{HOST}:{self.port}"
         self.conns = set()
         self.stopped = False
+        # Held while a socket is made and registered, and by a process forking.
+        self.fd_lock = threading.Lock()
+        _PROXIES.add(self)
 
     def set_rates(self, slowdown=0.0, reset=0.0, truncate=0.0):
         with self.lock:
@@ -286,13 +337,18 @@ class FaultProxy:
         self.thread.join(5)
 
     def _accept(self):
+        import select
         while not self.stopped:
             try:
-                client, _ = self.sock.accept()
-            except OSError:
+                readable, _, _ = select.select([self.sock], [], [], 0.2)
+                if not readable:
+                    continue
+                with self.fd_lock:
+                    client, _ = self.sock.accept()
+                    with self.lock:
+                        self.conns.add(client)
+            except (OSError, ValueError):
                 return
-            with self.lock:
-                self.conns.add(client)
             threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     # -- one client connection, request by request --------------------------------
@@ -320,10 +376,11 @@ class FaultProxy:
                     client.sendall(_error_response(status, method == b"HEAD"))
                     continue
                 if upstream is None:
-                    upstream = socket.create_connection(self.upstream, timeout=30)
+                    with self.fd_lock:
+                        upstream = socket.create_connection(self.upstream, timeout=30)
+                        with self.lock:
+                            self.conns.add(upstream)
                     ufile = upstream.makefile("rb")
-                    with self.lock:
-                        self.conns.add(upstream)
                 upstream.sendall(head + b"\r\n\r\n" + body)
                 rhead = _read_head(ufile)
                 if rhead is None:

@@ -320,14 +320,15 @@ def test_s3_shards_give_the_local_shards_batches(photos, s3, tmp_path, num_worke
 
 
 @needs_nginx
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_http_shards_give_the_local_shards_batches(photos, http, tmp_path, num_workers):
+@pytest.mark.parametrize("num_workers, context", [(0, None), (2, "fork"), (2, "spawn")])
+def test_http_shards_give_the_local_shards_batches(photos, http, tmp_path, num_workers, context):
     n = len(photos["shards"])
     remote = TarImages(f"{http.url}/shard-{{000000..{n - 1:06d}}}.tar", crop=CROP,
                        shuffle_window=2, cache_dir=tmp_path / "cache", cache_bytes=10 * 2 ** 20,
                        retry=FAST)
     local = TarImages(photos["shards"], crop=CROP, shuffle_window=2)
-    kw = dict(batch_size=4, shuffle=True, seed=11, num_workers=num_workers)
+    kw = dict(batch_size=4, shuffle=True, seed=11, num_workers=num_workers,
+              multiprocessing_context=context)
     with DataLoader(local, **kw) as a, DataLoader(remote, **kw) as b:
         assert_same(batches(b), batches(a))
 
@@ -389,15 +390,16 @@ def test_s3_files_and_an_s3_folder_give_the_local_files_batches(photos, s3, tmp_
 
 
 @needs_nginx
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_http_files_give_the_local_files_batches(photos, tmp_path, num_workers):
+@pytest.mark.parametrize("num_workers, context", [(0, None), (2, "fork"), (2, "spawn")])
+def test_http_files_give_the_local_files_batches(photos, tmp_path, num_workers, context):
     local = photos["folder"]
     with Nginx(photos["root"] / "folder") as server:
         urls = folder_urls(photos, server.url + "/")
         remote = ImageFiles(urls, local.targets, crop=CROP, cache_dir=tmp_path / "cache",
                             retry=FAST)
         same = ImageFiles([local.path(i) for i in range(len(local))], local.targets, crop=CROP)
-        kw = dict(batch_size=6, shuffle=True, seed=8, num_workers=num_workers)
+        kw = dict(batch_size=6, shuffle=True, seed=8, num_workers=num_workers,
+                  multiprocessing_context=context)
         with DataLoader(same, **kw) as a, DataLoader(remote, **kw) as b:
             assert_same(batches(b), batches(a))
         with pytest.raises(FileNotFoundError) as e:
@@ -620,24 +622,32 @@ def test_faults_change_no_batch_of_remote_files(photos, s3, tmp_path):
     kw = dict(batch_size=6, shuffle=True, seed=6, num_workers=2)
     with DataLoader(local, **kw) as a:
         want = batches(a)
-    with FaultProxy(s3.port, slowdown=0.20, reset=0.08, truncate=0.08, seed=4) as proxy:
-        t0 = time.monotonic()
-        # The listing goes through the faults too.
-        remote = ImageFolder(f"s3://{s3.bucket}/folder/", crop=CROP,
-                             storage_options=s3.storage_options(proxy.url),
-                             cache_dir=tmp_path / "cache", retry=FAST)
-        with DataLoader(remote, **kw) as b:
-            got = batches(b)
-            retries = b.stats.retries
-        elapsed = time.monotonic() - t0
-        counts = dict(proxy.counts)
-    assert_same(got, want)
+    runs = {}
+    with FaultProxy(s3.port, seed=4) as proxy:
+        for name, rates in (("clean", (0, 0, 0)), ("faults", (0.20, 0.08, 0.08))):
+            proxy.set_rates(*rates)
+            before = dict(proxy.counts)
+            t0 = time.monotonic()
+            # The listing goes through the faults too.
+            remote = ImageFolder(f"s3://{s3.bucket}/folder/", crop=CROP,
+                                 storage_options=s3.storage_options(proxy.url),
+                                 cache_dir=tmp_path / name, retry=FAST)
+            with DataLoader(remote, **kw) as b:
+                got = batches(b)
+                retries = b.stats.retries
+            runs[name] = dict(seconds=time.monotonic() - t0, retries=retries,
+                              proxied={k: proxy.counts[k] - before[k] for k in before})
+            assert_same(got, want)
+    counts = runs["faults"]["proxied"]
     faults = counts["slowdown"] + counts["reset"] + counts["truncate"]
-    assert faults > 0 and retries > 0
+    assert faults > 0 and runs["faults"]["retries"] > 0
     record("faults_files_20pct_503_8pct_reset_8pct_truncated", requests=counts["requests"],
            faults_injected=faults, slowdown_503=counts["slowdown"], resets=counts["reset"],
-           truncated=counts["truncate"], retries_while_loading=retries,
-           seconds=round(elapsed, 2), batches_identical=True)
+           truncated=counts["truncate"], retries=runs["faults"]["retries"],
+           seconds_clean=round(runs["clean"]["seconds"], 2),
+           seconds_with_faults=round(runs["faults"]["seconds"], 2),
+           seconds_lost=round(runs["faults"]["seconds"] - runs["clean"]["seconds"], 2),
+           batches_identical=True)
 
 
 @needs_weed
