@@ -560,6 +560,13 @@ def test_no_secret_in_repr_state_stats_or_cache_files(photos, s3, tmp_path):
         next(it)
         shown = [repr(remote), repr(loader), json.dumps(loader.state_dict()),
                  json.dumps(loader.stats.as_dict()), loader.stats.summary(), str(remote.shards)]
+    folder = ImageFolder(f"s3://{s3.bucket}/folder/", crop=CROP,
+                         storage_options=s3.storage_options(), cache_dir=cache, retry=FAST)
+    with DataLoader(folder, batch_size=5, shuffle=True, seed=1, num_workers=0) as loader:
+        it = iter(loader)
+        next(it)
+        shown += [repr(folder), json.dumps(loader.state_dict()),
+                  json.dumps(loader.stats.as_dict()), folder.path(0), folder._name(0)]
     for text in shown:
         assert SECRET_KEY not in text and ACCESS_KEY not in text
     for dirpath, _, files in os.walk(cache):
