@@ -30,7 +30,7 @@ class Counters:
         self.requests = self.retries = self.bytes = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ObjectInfo:
     """What a listing or a HEAD says of one object."""
 
@@ -189,6 +189,8 @@ class Store:
     async def find(self, url):
         """Every object under the prefix ``url``, as ``{url: ObjectInfo}`` in name order."""
         path = self.path(url).rstrip("/")
+        if self.protocol == "s3":
+            return await self._find_s3(url, path)
 
         async def once():
             found = await self._timed(self.fs._find(path, detail=True),
@@ -202,6 +204,30 @@ class Store:
                 u = self.url(name)
                 out[u] = _info_of(u, d)
         return out
+
+    async def _find_s3(self, url, path):
+        # Page by page, each object kept as an ObjectInfo only: a prefix of a
+        # million images is a few hundred MB of listing dicts otherwise.
+        fs = self.fs
+        bucket, key, _ = fs.split_path(path)
+        prefix = key + "/" if key else ""
+
+        async def once():
+            out = {}
+
+            async def walk():
+                async for d in fs._iterdir(bucket, delimiter="", prefix=prefix):
+                    if d.get("type", "file") == "file":
+                        u = self.url(d["name"])
+                        out[u] = _info_of(u, d)
+            await self._timed(walk(), self.retry.deadline_seconds)
+            if not out:
+                # An empty listing: the bucket must still exist (else a
+                # missing bucket would read as an empty folder).
+                await self._timed(fs._call_s3("head_bucket", Bucket=bucket))
+            return out
+        found = await self._run(once, url)
+        return {u: found[u] for u in sorted(found)}
 
     async def ls(self, url):
         """The objects right under the folder ``url`` (one listing request), as
