@@ -594,14 +594,14 @@ def test_faults_change_no_batch_and_nothing_hangs(photos, s3, tmp_path):
         # The same epoch through the same proxy, first without faults (what a
         # fault costs is measured against it), then with them; each from an
         # empty cache, so that the loader, not the index pass, fetches the shards.
-        # Four epochs each: one epoch of 8 small shards is only a dozen requests.
+        # Eight epochs each: one epoch of 8 small shards is only a dozen requests.
         runs = {}
         for name, rates in (("clean", (0, 0, 0)), ("faults", (0.20, 0.08, 0.08))):
             proxy.set_rates(*rates)
             before = dict(proxy.counts)
             t0 = time.monotonic()
             retries = 0
-            for _ in range(4):
+            for _ in range(8):
                 remote._units.cache.clear()
                 with DataLoader(remote, **kw) as b:
                     got = batches(b)
@@ -613,7 +613,7 @@ def test_faults_change_no_batch_and_nothing_hangs(photos, s3, tmp_path):
     faults = injected["slowdown"] + injected["reset"] + injected["truncate"]
     assert faults > 0 and runs["faults"]["retries"] > 0
     assert runs["clean"]["retries"] == 0
-    record("faults_20pct_503_8pct_reset_8pct_truncated", epochs=4,
+    record("faults_20pct_503_8pct_reset_8pct_truncated", epochs=8,
            requests=injected["requests"], faults_injected=faults,
            slowdown_503=injected["slowdown"], resets=injected["reset"],
            truncated=injected["truncate"], retries=runs["faults"]["retries"],
