@@ -26,6 +26,7 @@ _FIRST_TRIES = 8
 
 
 def _size_pair(size, what):
+    given = size   # shown as given in the error, not as the pair an int makes
     if isinstance(size, numbers.Integral) and not isinstance(size, bool):
         size = (size, size)
     try:
@@ -36,7 +37,7 @@ def _size_pair(size, what):
         ok = False
     if not ok:
         raise ValueError(f"{what}: size must be a positive int or a pair (height, width) of "
-                         f"positive ints, got {size!r}")
+                         f"positive ints, got {given!r}")
     return int(h), int(w)
 
 

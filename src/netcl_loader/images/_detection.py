@@ -27,6 +27,18 @@ _DEFAULT_CROP = SquareCrop()
 TARGET_KEYS = ("boxes", "labels", "offsets", "image_id")
 
 
+def _fits_int64(a):
+    """Whether the integers (or whole floats) of ``a`` fit int64 (a uint64 or a float
+    past 2**63 would wrap on the cast)."""
+    if a.size == 0 or a.dtype.kind == "b":
+        return True
+    if a.dtype.kind == "u":
+        return bool(a.max() <= np.iinfo(np.int64).max)
+    if a.dtype.kind == "f":
+        return bool((np.abs(a) < 2.0 ** 63).all())
+    return True
+
+
 def _shown(value, limit=80):
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
@@ -122,6 +134,12 @@ class DetectionFiles(ImageFiles):
                  storage_options=None, *, image_ids=None, max_file_bytes=MAX_FILE_BYTES,
                  retry=None, max_requests=None):
         what = type(self).__name__
+        if isinstance(crop, type) and issubclass(crop, self._CROPS):
+            # The class itself, not a crop: the usual slip of writing SquareCrop for SquareCrop().
+            raise ValueError(f"{what}: crop must be a crop object, got the class "
+                             f"{crop.__name__}; give an instance such as {crop.__name__}()"
+                             + (f" with size={_size_pair(size, what)}"
+                                if crop is RandomResizedCrop else ""))
         # Checked here first so that errors name this class (ImageFiles checks again).
         _checked_options(crop, flip, mean, std, output, on_error, what, self._CROPS)
         self.size = _size_pair(size, what)
@@ -147,10 +165,14 @@ class DetectionFiles(ImageFiles):
         if image_ids is None:
             ids = np.arange(n, dtype=np.int64)
         else:
-            ids = np.asarray(image_ids)
-            if ids.shape != (n,) or (n and ids.dtype.kind not in "iu"):
-                raise ValueError(f"{what}: image_ids must be {n} integers (one per path), got "
-                                 f"{_shown(image_ids)}")
+            try:
+                ids = np.asarray(image_ids)
+            except (TypeError, ValueError):
+                ids = np.zeros(0, object)
+            if (ids.shape != (n,) or (n and ids.dtype.kind not in "iu")
+                    or not _fits_int64(ids)):
+                raise ValueError(f"{what}: image_ids must be {n} integers within int64 (one "
+                                 f"per path), got {_shown(image_ids)}")
             ids = ids.astype(np.int64)
         self._boxes, self._labels, self._offsets = self._flat_targets(
             names, boxes, labels, box_format, what)
@@ -194,26 +216,36 @@ class DetectionFiles(ImageFiles):
             if b.size == 0:
                 b = b.reshape(0, 4)
             if b.ndim != 2 or b.shape[1] != 4:
+                hint = (" (one box is [[x1, y1, x2, y2]], a list of one box)"
+                        if b.shape == (4,) else "")
                 raise ValueError(f"{what}: boxes[{k}] (image {name!r}) must have shape (n, 4), "
-                                 f"got shape {b.shape}")
+                                 f"got shape {b.shape}{hint}")
             try:
                 lab = np.asarray(labels[k])
                 if lab.size == 0:
                     lab = lab.reshape(0)
-                ok = lab.shape == (len(b),) and (lab.size == 0 or lab.dtype.kind in "iub" or (
+                ok = lab.shape == (len(b),) and (lab.size == 0 or (
+                    lab.dtype.kind in "iub" and _fits_int64(lab)) or (
                     lab.dtype.kind == "f" and np.isfinite(lab).all()
-                    and (lab == np.round(lab)).all()))
+                    and (lab == np.round(lab)).all() and _fits_int64(lab)))
             except (TypeError, ValueError):
-                ok = False
+                lab, ok = None, False
             if not ok:
+                got = f"shape {lab.shape}: " if lab is not None and lab.ndim else ""
                 raise ValueError(f"{what}: labels[{k}] (image {name!r}) must be {len(b)} "
-                                 f"integers, one per box, got {_shown(labels[k])}")
+                                 f"integers (within int64), one per box of boxes[{k}], got "
+                                 f"{got}{_shown(labels[k])}")
             xyxy = to_xyxy(b, box_format)
-            bad = ~np.isfinite(b).all(axis=1)
+            # Finite as given and once delivered: float32 overflows past about 3.4e38.
+            with np.errstate(over="ignore"):
+                finite = np.isfinite(b).all(axis=1) & np.isfinite(
+                    xyxy.astype(np.float32)).all(axis=1)
+            bad = ~finite
             bad |= (xyxy[:, 2] < xyxy[:, 0]) | (xyxy[:, 3] < xyxy[:, 1])
             if bad.any():
                 j = int(np.flatnonzero(bad)[0])
                 why = ("a coordinate is not finite" if not np.isfinite(b[j]).all()
+                       else "a corner is beyond float32's range" if not finite[j]
                        else "its width or height is negative")
                 raise ValueError(f"{what}: image {name!r} (index {k}), box {j} "
                                  f"{b[j].tolist()} ({box_format}): {why}")

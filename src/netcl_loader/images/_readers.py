@@ -1,6 +1,7 @@
 """Detection readers: WIDER FACE's ground-truth text and COCO's JSON, and their datasets."""
 from __future__ import annotations
 
+import errno
 import json
 import math
 import numbers
@@ -10,6 +11,7 @@ import numpy as np
 
 from ._detection import _DEFAULT_CROP, DetectionFiles
 from ._sources import MAX_FILE_BYTES
+from .._urls import redact
 
 __all__ = ["CocoDetection", "WiderFace", "parse_wider", "parse_coco", "WIDER_ATTRIBUTES",
            "WIDER_SPLITS"]
@@ -305,6 +307,27 @@ def _short(value, limit=60):
 # ----------------------------------------------------------------------------- datasets
 
 
+def _path_arg(value, name, what):
+    """``value`` as a str path; TypeError naming the argument when it is not a path."""
+    try:
+        return os.fsdecode(os.fspath(value))
+    except TypeError:
+        raise TypeError(f"{what}: {name} must be a path (str or os.PathLike), got "
+                        f"{_short(value)}") from None
+
+
+def _annotation_file(path, name, what, expected):
+    """``path`` checked to be a readable file before parsing: a missing one or a folder
+    is an error naming the argument, the path and what was expected there."""
+    if os.path.isdir(path):
+        raise IsADirectoryError(errno.EISDIR, f"{what}: {name} {path!r} is a folder; expected "
+                                f"{expected}", path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(errno.ENOENT, f"{what}: {name} {path!r} does not exist; "
+                                f"expected {expected}", path)
+    return path
+
+
 def _join(root, name):
     """``root``/``name``: a URL's path is joined with "/", a local one as the OS does."""
     root = os.fspath(root)
@@ -335,7 +358,7 @@ class CocoDetection(DetectionFiles):
         Keep the ``iscrowd`` boxes (torchvision's detection references leave
         them out of training).
     size, crop, flip, mean, std, output, min_size, min_area, on_error, cache_dir,
-    cache_bytes, storage_options, max_file_bytes, retry
+    cache_bytes, storage_options, max_file_bytes, retry, max_requests
         As :class:`DetectionFiles` (boxes are always COCO's XYWH).
 
     Raises
@@ -354,26 +377,38 @@ class CocoDetection(DetectionFiles):
     def __init__(self, root, ann_file, size=640, crop=_DEFAULT_CROP, flip=0.5, mean=None,
                  std=None, output="float32", min_size=1.0, min_area=1.0, on_error="raise",
                  cache_dir=None, cache_bytes=None, storage_options=None, *,
-                 include_crowd=False, max_file_bytes=MAX_FILE_BYTES, retry=None):
+                 include_crowd=False, max_file_bytes=MAX_FILE_BYTES, retry=None,
+                 max_requests=None):
+        what = type(self).__name__
         if not isinstance(include_crowd, bool):
-            raise ValueError(f"CocoDetection: include_crowd must be True or False, got "
+            raise ValueError(f"{what}: include_crowd must be True or False, got "
                              f"{include_crowd!r}")
+        root = _path_arg(root, "root", what)
+        ann_file = _annotation_file(_path_arg(ann_file, "ann_file", what), "ann_file", what,
+                                    "COCO's annotation JSON (instances_*.json; the "
+                                    "arguments are root, the images' folder, then ann_file)")
         parsed = parse_coco(ann_file)
         boxes, labels = parsed["boxes"], parsed["labels"]
         if not include_crowd:
             boxes = [b[~c] for b, c in zip(boxes, parsed["crowd"])]
             labels = [lab[~c] for lab, c in zip(labels, parsed["crowd"])]
-        self.root = os.fspath(root)
-        self.ann_file = os.fspath(ann_file)
+        self.root = root
+        self.ann_file = ann_file
         self.include_crowd = include_crowd
         DetectionFiles.__init__(
             self, [_join(root, fn) for fn in parsed["file_names"]], boxes, labels, size=size,
             crop=crop, flip=flip, box_format="xywh", mean=mean, std=std, output=output,
             min_size=min_size, min_area=min_area, on_error=on_error, cache_dir=cache_dir,
             cache_bytes=cache_bytes, storage_options=storage_options,
-            image_ids=parsed["image_ids"], max_file_bytes=max_file_bytes, retry=retry)
+            image_ids=parsed["image_ids"], max_file_bytes=max_file_bytes, retry=retry,
+            max_requests=max_requests)
         # (After ImageFiles' constructor, which has no classes to give.)
         self.classes = parsed["classes"]
+
+    def _describe(self):
+        return (f"root={redact(self.root)!r}, ann_file={self.ann_file!r}, "
+                f"{len(self.classes)} classes, include_crowd={self.include_crowd}, "
+                f"{super()._describe()}")
 
 
 class WiderFace(DetectionFiles):
@@ -396,7 +431,7 @@ class WiderFace(DetectionFiles):
     annotations : str or os.PathLike, optional
         The folder of the split files; default ``root/wider_face_split``.
     size, crop, flip, mean, std, output, min_size, min_area, on_error, cache_dir,
-    cache_bytes, storage_options, max_file_bytes, retry
+    cache_bytes, storage_options, max_file_bytes, retry, max_requests
         As :class:`DetectionFiles` (boxes are always WIDER's XYWH).
 
     Raises
@@ -418,19 +453,34 @@ class WiderFace(DetectionFiles):
     def __init__(self, root, split="train", size=640, crop=_DEFAULT_CROP, flip=0.5, mean=None,
                  std=None, output="float32", min_size=1.0, min_area=1.0, on_error="raise",
                  cache_dir=None, cache_bytes=None, storage_options=None, *, annotations=None,
-                 max_file_bytes=MAX_FILE_BYTES, retry=None):
-        if split not in WIDER_SPLITS:
-            raise ValueError(f"WiderFace: split must be one of {WIDER_SPLITS}, got {split!r}")
-        folder = (os.path.join(os.fspath(root), "wider_face_split") if annotations is None
-                  else os.fspath(annotations))
+                 max_file_bytes=MAX_FILE_BYTES, retry=None, max_requests=None):
+        what = type(self).__name__
+        if not isinstance(split, str) or split not in WIDER_SPLITS:
+            raise ValueError(f"{what}: split must be one of {WIDER_SPLITS}, got {split!r}")
+        root = _path_arg(root, "root", what)
+        if annotations is None:
+            folder, name = os.path.join(root, "wider_face_split"), "root"
+        else:
+            folder, name = _path_arg(annotations, "annotations", what), "annotations"
+        layout = ("WIDER FACE's official layout: root/wider_face_split/ holds "
+                  "wider_face_{train,val}_bbx_gt.txt and wider_face_test_filelist.txt, "
+                  "root/WIDER_{split}/images/ the images" if annotations is None else
+                  "the folder of wider_face_split.zip's files")
         if split == "test":
-            names = parse_wider_list(os.path.join(folder, "wider_face_test_filelist.txt"))
+            gt = os.path.join(folder, "wider_face_test_filelist.txt")
+        else:
+            gt = os.path.join(folder, f"wider_face_{split}_bbx_gt.txt")
+        if not os.path.isfile(gt):
+            raise FileNotFoundError(errno.ENOENT, f"{what}: no {os.path.basename(gt)} for "
+                                    f"split={split!r} under {name} {redact(folder)!r}; "
+                                    f"expected {layout}", gt)
+        if split == "test":
+            names = parse_wider_list(gt)
             boxes = [np.zeros((0, 4), np.float32) for _ in names]
             attrs = [np.zeros((0, len(WIDER_ATTRIBUTES)), np.int8) for _ in names]
         else:
-            names, boxes, attrs = parse_wider(
-                os.path.join(folder, f"wider_face_{split}_bbx_gt.txt"))
-        self.root = os.fspath(root)
+            names, boxes, attrs = parse_wider(gt)
+        self.root = root
         self.split = split
         self.attribute_names = WIDER_ATTRIBUTES
         self.attributes = (np.concatenate(attrs) if attrs
@@ -441,7 +491,12 @@ class WiderFace(DetectionFiles):
             [np.zeros(len(b), np.int64) for b in boxes], size=size, crop=crop, flip=flip,
             box_format="xywh", mean=mean, std=std, output=output, min_size=min_size,
             min_area=min_area, on_error=on_error, cache_dir=cache_dir, cache_bytes=cache_bytes,
-            storage_options=storage_options, max_file_bytes=max_file_bytes, retry=retry)
+            storage_options=storage_options, max_file_bytes=max_file_bytes, retry=retry,
+            max_requests=max_requests)
         counts = np.array([len(a) for a in attrs], np.int64)
         self.attribute_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.classes = {0: "face"}
+
+    def _describe(self):
+        return f"root={redact(self.root)!r}, split={self.split!r}, {super()._describe()}"
+
