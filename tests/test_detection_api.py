@@ -609,3 +609,18 @@ def test_torch_face_with_a_distributed_sampler(files, num_workers):
     sampler = DistributedSampler(ds, num_replicas=2, rank=0, shuffle=False)
     got = list(TorchLoader(ds, batch_size=2, sampler=sampler, num_workers=num_workers))
     assert [t["image_id"] for _, ts in got for t in ts] == [0, 2, 4]
+
+
+def test_threads_decoding_one_dataset_each_get_their_own_boxes(files):
+    # The decoder releases the GIL: a thread pool calling dataset[i] (torchdata's
+    # thread mappers, a user's executor) decodes samples of one dataset at once.
+    from concurrent.futures import ThreadPoolExecutor
+    many = list(files) * 20
+    ds = DetectionFiles(many, BOXES * 20, LABELS * 20, size=160, crop=Letterbox(), flip=0)
+    ref = [ds[i][1] for i in range(len(ds))]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda i: ds[i][1], range(len(ds))))
+    for a, b in zip(got, ref):
+        np.testing.assert_array_equal(a["boxes"], b["boxes"])
+        np.testing.assert_array_equal(a["labels"], b["labels"])
+        assert a["image_id"] == b["image_id"]

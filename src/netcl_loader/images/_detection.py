@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import threading
 
 import numpy as np
 
@@ -25,6 +26,12 @@ _DEFAULT_CROP = SquareCrop()
 
 #: Targets' keys in a batch, in order (NumPy face).
 TARGET_KEYS = ("boxes", "labels", "offsets", "image_id")
+
+#: The boxes of the sample each thread decoded last (set by ``_window``, read by
+#: ``_taken``).  Per thread: threads may decode samples of one dataset at once
+#: (the decoder releases the GIL; a thread pool calling ``dataset[i]``), and each
+#: must take its own image's boxes.  Outside the dataset, so that it pickles.
+_last = threading.local()
 
 
 def _fits_int64(a):
@@ -188,7 +195,6 @@ class DetectionFiles(ImageFiles):
         if fill is None:
             fill = self.mean if self.mean is not None else IMAGENET_MEAN
         self._pad = self._pad_values(fill)
-        self._sample = None
 
     # -- construction ---------------------------------------------------------------
     @staticmethod
@@ -368,8 +374,9 @@ class DetectionFiles(ImageFiles):
     # -- one sample -----------------------------------------------------------------
     def _taken(self, k):
         """(boxes, label rows) of the sample just decoded from image ``k``."""
-        i, boxes, rows = self._sample
-        assert i == k, (i, k)   # set by _window for the image decoded last
+        owner, i, boxes, rows = _last.sample
+        # Set by _window for the image this thread decoded last.
+        assert owner == id(self) and i == k, (i, k)
         return boxes, rows
 
     def _window(self, i, height, width, u, flip, out):
@@ -384,7 +391,7 @@ class DetectionFiles(ImageFiles):
         mask = sanitize_mask(boxes, self.min_size, self.min_area)
         if keep is not None:
             mask &= keep
-        self._sample = (i, boxes[mask], np.flatnonzero(mask) + a)
+        _last.sample = (id(self), i, boxes[mask], np.flatnonzero(mask) + a)
         if (ph, pw) == (out_h, out_w):
             return window, out
         if flip:
