@@ -624,3 +624,19 @@ def test_threads_decoding_one_dataset_each_get_their_own_boxes(files):
         np.testing.assert_array_equal(a["boxes"], b["boxes"])
         np.testing.assert_array_equal(a["labels"], b["labels"])
         assert a["image_id"] == b["image_id"]
+
+
+def test_readers_check_their_options_before_reading_the_annotations(tmp_path):
+    # A bad option is named at once, before a (large) annotation file is parsed: here
+    # the file is not even there, and the option's error comes first.
+    missing = str(tmp_path / "nope.json")
+    with pytest.raises(ValueError, match="CocoDetection: size must be .* got 0"):
+        CocoDetection(tmp_path, missing, size=0)
+    with pytest.raises(ValueError, match="CocoDetection: crop must be a crop object, got the "
+                       "class Letterbox"):
+        CocoDetection(tmp_path, missing, crop=Letterbox)
+    with pytest.raises(ValueError, match="WiderFace: min_area must be .* got -1"):
+        WiderFace(tmp_path, min_area=-1)
+    with pytest.raises(ValueError, match="WiderFace: crop RandomResizedCrop.* size is "
+                       r"\(320, 320\)"):
+        WiderFace(tmp_path, size=320, crop=RandomResizedCrop(224))

@@ -141,26 +141,8 @@ class DetectionFiles(ImageFiles):
                  storage_options=None, *, image_ids=None, max_file_bytes=MAX_FILE_BYTES,
                  retry=None, max_requests=None):
         what = type(self).__name__
-        if isinstance(crop, type) and issubclass(crop, self._CROPS):
-            # The class itself, not a crop: the usual slip of writing SquareCrop for SquareCrop().
-            raise ValueError(f"{what}: crop must be a crop object, got the class "
-                             f"{crop.__name__}; give an instance such as {crop.__name__}()"
-                             + (f" with size={_size_pair(size, what)}"
-                                if crop is RandomResizedCrop else ""))
-        # Checked here first so that errors name this class (ImageFiles checks again).
-        _checked_options(crop, flip, mean, std, output, on_error, what, self._CROPS)
-        self.size = _size_pair(size, what)
-        if isinstance(crop, RandomResizedCrop) and crop.size != self.size:
-            raise ValueError(f"{what}: crop {crop!r} resizes to {crop.size} but size is "
-                             f"{self.size}; give RandomResizedCrop the dataset's size")
-        if box_format not in BOX_FORMATS:
-            raise ValueError(f"{what}: box_format must be one of {BOX_FORMATS}, got "
-                             f"{box_format!r}")
-        for name, v in (("min_size", min_size), ("min_area", min_area)):
-            if (isinstance(v, bool) or not isinstance(v, numbers.Real)
-                    or not math.isfinite(v) or v < 0):
-                raise ValueError(f"{what}: {name} must be a finite number >= 0 (output "
-                                 f"pixels), got {v!r}")
+        self.size = self._checked(what, size, crop, flip, mean, std, output, on_error,
+                                  box_format, min_size, min_area)
         self.box_format = box_format
         self.min_size, self.min_area = float(min_size), float(min_area)
         if isinstance(paths, (str, bytes, os.PathLike)):
@@ -197,6 +179,34 @@ class DetectionFiles(ImageFiles):
         self._pad = self._pad_values(fill)
 
     # -- construction ---------------------------------------------------------------
+    @classmethod
+    def _checked(cls, what, size, crop, flip, mean, std, output, on_error, box_format,
+                 min_size, min_area):
+        """The options checked, errors naming ``what``; returns the (height, width) size.
+        The readers call it before reading their annotation file (a COCO JSON takes
+        seconds to parse: a bad option is named at once)."""
+        if isinstance(crop, type) and issubclass(crop, cls._CROPS):
+            # The class itself, not a crop: the usual slip of writing SquareCrop for SquareCrop().
+            raise ValueError(f"{what}: crop must be a crop object, got the class "
+                             f"{crop.__name__}; give an instance such as {crop.__name__}()"
+                             + (f" with size={_size_pair(size, what)}"
+                                if crop is RandomResizedCrop else ""))
+        # Checked here first so that errors name this class (ImageFiles checks again).
+        _checked_options(crop, flip, mean, std, output, on_error, what, cls._CROPS)
+        size = _size_pair(size, what)
+        if isinstance(crop, RandomResizedCrop) and crop.size != size:
+            raise ValueError(f"{what}: crop {crop!r} resizes to {crop.size} but size is "
+                             f"{size}; give RandomResizedCrop the dataset's size")
+        if not isinstance(box_format, str) or box_format not in BOX_FORMATS:
+            raise ValueError(f"{what}: box_format must be one of {BOX_FORMATS}, got "
+                             f"{box_format!r}")
+        for name, v in (("min_size", min_size), ("min_area", min_area)):
+            if (isinstance(v, bool) or not isinstance(v, numbers.Real)
+                    or not math.isfinite(v) or v < 0):
+                raise ValueError(f"{what}: {name} must be a finite number >= 0 (output "
+                                 f"pixels), got {v!r}")
+        return size
+
     @staticmethod
     def _flat_targets(names, boxes, labels, box_format, what):
         """(boxes float32 (M, 4) XYXY, labels int64 (M,), offsets int64 (N + 1,)), checked."""

@@ -383,6 +383,9 @@ class CocoDetection(DetectionFiles):
         if not isinstance(include_crowd, bool):
             raise ValueError(f"{what}: include_crowd must be True or False, got "
                              f"{include_crowd!r}")
+        # The options first: parsing a large annotation file takes seconds.
+        DetectionFiles._checked(what, size, crop, flip, mean, std, output, on_error, "xywh",
+                                min_size, min_area)
         root = _path_arg(root, "root", what)
         ann_file = _annotation_file(_path_arg(ann_file, "ann_file", what), "ann_file", what,
                                     "COCO's annotation JSON (instances_*.json; the "
@@ -457,6 +460,8 @@ class WiderFace(DetectionFiles):
         what = type(self).__name__
         if not isinstance(split, str) or split not in WIDER_SPLITS:
             raise ValueError(f"{what}: split must be one of {WIDER_SPLITS}, got {split!r}")
+        DetectionFiles._checked(what, size, crop, flip, mean, std, output, on_error, "xywh",
+                                min_size, min_area)
         root = _path_arg(root, "root", what)
         if annotations is None:
             folder, name = os.path.join(root, "wider_face_split"), "root"
