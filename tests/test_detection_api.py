@@ -640,3 +640,17 @@ def test_readers_check_their_options_before_reading_the_annotations(tmp_path):
     with pytest.raises(ValueError, match="WiderFace: crop RandomResizedCrop.* size is "
                        r"\(320, 320\)"):
         WiderFace(tmp_path, size=320, crop=RandomResizedCrop(224))
+
+
+def test_flat_storage_keeps_every_label_and_names_the_bad_box_of_a_later_image(files):
+    # An image without labels (an empty list: float) must not make the others float.
+    ds = DetectionFiles(files[:3], [[[0, 0, 5, 5]], [], [[1, 1, 4, 4]]],
+                        [[2 ** 60 + 1], [], np.array([3], np.uint8)])
+    assert ds._labels.dtype == np.int64 and list(ds._labels) == [2 ** 60 + 1, 3]
+    assert list(ds._offsets) == [0, 1, 1, 2]
+    # The coordinates are checked over the flat array: the error still names the image
+    # and the box within it.
+    with pytest.raises(ValueError, match=r"img2.jpg' \(index 2\), box 1 \[9.0, 1.0, 4.0, "
+                       r"4.0\] \(xyxy\): its width or height is negative"):
+        DetectionFiles(files[:3], [[[0, 0, 5, 5]], [], [[1, 1, 4, 4], [9, 1, 4, 4]]],
+                       [[1], [], [1, 2]])

@@ -222,55 +222,66 @@ class DetectionFiles(ImageFiles):
                              f"one (n_i, 4) box array and one (n_i,) label array per path")
         counts = np.zeros(n + 1, np.int64)
         box_parts, label_parts = [], []
+
+        def name(k):   # for messages only; a signed URL's query is never shown
+            return redact(os.fsdecode(names[k]))
+
+        # Shapes and labels image by image (an error names its image); the
+        # coordinates checked once, over the whole flat array.
         for k in range(n):
-            name = redact(os.fsdecode(names[k]))   # a signed URL's query is never shown
             try:
                 b = np.asarray(boxes[k], dtype=np.float64)
             except (TypeError, ValueError):
-                raise ValueError(f"{what}: boxes[{k}] (image {name!r}) must be an (n, 4) array "
-                                 f"of numbers, got {_shown(boxes[k])}") from None
+                raise ValueError(f"{what}: boxes[{k}] (image {name(k)!r}) must be an (n, 4) "
+                                 f"array of numbers, got {_shown(boxes[k])}") from None
             if b.size == 0:
                 b = b.reshape(0, 4)
             if b.ndim != 2 or b.shape[1] != 4:
                 hint = (" (one box is [[x1, y1, x2, y2]], a list of one box)"
                         if b.shape == (4,) else "")
-                raise ValueError(f"{what}: boxes[{k}] (image {name!r}) must have shape (n, 4), "
-                                 f"got shape {b.shape}{hint}")
+                raise ValueError(f"{what}: boxes[{k}] (image {name(k)!r}) must have shape "
+                                 f"(n, 4), got shape {b.shape}{hint}")
             try:
                 lab = np.asarray(labels[k])
                 if lab.size == 0:
                     lab = lab.reshape(0)
-                ok = lab.shape == (len(b),) and (lab.size == 0 or (
-                    lab.dtype.kind in "iub" and _fits_int64(lab)) or (
-                    lab.dtype.kind == "f" and np.isfinite(lab).all()
+                kind = lab.dtype.kind
+                # Signed integers always fit int64; unsigned ones and whole floats may not.
+                ok = lab.shape == (len(b),) and (lab.size == 0 or kind == "i" or (
+                    kind in "ub" and _fits_int64(lab)) or (
+                    kind == "f" and np.isfinite(lab).all()
                     and (lab == np.round(lab)).all() and _fits_int64(lab)))
             except (TypeError, ValueError):
                 lab, ok = None, False
             if not ok:
                 got = f"shape {lab.shape}: " if lab is not None and lab.ndim else ""
-                raise ValueError(f"{what}: labels[{k}] (image {name!r}) must be {len(b)} "
+                raise ValueError(f"{what}: labels[{k}] (image {name(k)!r}) must be {len(b)} "
                                  f"integers (within int64), one per box of boxes[{k}], got "
                                  f"{got}{_shown(labels[k])}")
-            xyxy = to_xyxy(b, box_format)
-            # Finite as given and once delivered: float32 overflows past about 3.4e38.
-            with np.errstate(over="ignore"):
-                finite = np.isfinite(b).all(axis=1) & np.isfinite(
-                    xyxy.astype(np.float32)).all(axis=1)
-            bad = ~finite
-            bad |= (xyxy[:, 2] < xyxy[:, 0]) | (xyxy[:, 3] < xyxy[:, 1])
-            if bad.any():
-                j = int(np.flatnonzero(bad)[0])
-                why = ("a coordinate is not finite" if not np.isfinite(b[j]).all()
-                       else "a corner is beyond float32's range" if not finite[j]
-                       else "its width or height is negative")
-                raise ValueError(f"{what}: image {name!r} (index {k}), box {j} "
-                                 f"{b[j].tolist()} ({box_format}): {why}")
             counts[k + 1] = len(b)
-            box_parts.append(xyxy.astype(np.float32))
-            label_parts.append(lab.astype(np.int64))
-        flat_boxes = (np.concatenate(box_parts) if box_parts else np.zeros((0, 4), np.float32))
-        flat_labels = (np.concatenate(label_parts) if label_parts else np.zeros(0, np.int64))
-        return flat_boxes.reshape(-1, 4), flat_labels, np.cumsum(counts)
+            box_parts.append(b)
+            # int64 before joining: one float array (an empty list's) would make them all float.
+            label_parts.append(lab if lab.dtype == np.int64 else lab.astype(np.int64))
+        offsets = np.cumsum(counts)
+        given = np.concatenate(box_parts) if box_parts else np.zeros((0, 4))
+        xyxy = to_xyxy(given, box_format)
+        # Finite as given and once delivered: float32 overflows past about 3.4e38.
+        with np.errstate(over="ignore"):
+            flat_boxes = xyxy.astype(np.float32)
+        finite = np.isfinite(given).all(axis=1) & np.isfinite(flat_boxes).all(axis=1)
+        bad = ~finite | (xyxy[:, 2] < xyxy[:, 0]) | (xyxy[:, 3] < xyxy[:, 1])
+        if bad.any():
+            r = int(np.flatnonzero(bad)[0])
+            k = int(np.searchsorted(offsets, r, side="right")) - 1
+            j = r - int(offsets[k])
+            why = ("a coordinate is not finite" if not np.isfinite(given[r]).all()
+                   else "a corner is beyond float32's range" if not finite[r]
+                   else "its width or height is negative")
+            raise ValueError(f"{what}: image {name(k)!r} (index {k}), box {j} "
+                             f"{given[r].tolist()} ({box_format}): {why}")
+        flat_labels = (np.concatenate(label_parts) if label_parts
+                       else np.zeros(0, np.int64))
+        return flat_boxes.reshape(-1, 4), flat_labels.reshape(-1), offsets
 
     def _pad_values(self, fill):
         """The padding's value per channel in the output's type, (3, 1, 1)."""
