@@ -247,6 +247,9 @@ def test_reader_arguments_are_named(files, tmp_path):
     with pytest.raises(TypeError, match=r"CocoDetection: root must be a path \(str or "
                        r"os.PathLike\), got None"):
         CocoDetection(None, ann)
+    with pytest.raises(FileNotFoundError, match="CocoDetection: root .*nowhere' is not a "
+                       "folder; expected the folder of the images"):
+        CocoDetection(str(tmp_path / "nowhere"), ann)
     with pytest.raises(TypeError, match="CocoDetection: ann_file must be a path.*got None"):
         CocoDetection(root, None)
     with pytest.raises(ValueError, match="CocoDetection: include_crowd must be True or False, "
@@ -284,6 +287,10 @@ def test_wider_face_arguments_are_named(tmp_path):
     split = tmp_path / "wider_face_split"
     split.mkdir()
     (split / "wider_face_val_bbx_gt.txt").write_text("a.jpg\n1\n1 2 3 4 0 0 0 0 0 0 \n")
+    with pytest.raises(FileNotFoundError, match="WiderFace: the images' folder .*WIDER_val/"
+                       "images' is not a folder; expected the images of split='val'"):
+        WiderFace(tmp_path, split="val")
+    (tmp_path / "WIDER_val" / "images").mkdir(parents=True)
     ds = WiderFace(tmp_path, split="val", size=32, max_requests=4)
     assert len(ds) == 1 and ds.classes == {0: "face"}
     assert repr(ds).startswith(f"WiderFace(root={str(tmp_path)!r}, split='val', 1 images")

@@ -328,6 +328,14 @@ def _annotation_file(path, name, what, expected):
     return path
 
 
+def _local_folder(path, name, what, expected):
+    """A local ``path`` checked to be a folder (a URL prefix is not: its objects are
+    listed when read); an error naming the argument, the path and what belongs there."""
+    if "://" not in path and not os.path.isdir(path):
+        raise FileNotFoundError(errno.ENOENT, f"{what}: {name} {path!r} is not a folder; "
+                                f"expected {expected}", path)
+
+
 def _join(root, name):
     """``root``/``name``: a URL's path is joined with "/", a local one as the OS does."""
     root = os.fspath(root)
@@ -390,6 +398,8 @@ class CocoDetection(DetectionFiles):
         ann_file = _annotation_file(_path_arg(ann_file, "ann_file", what), "ann_file", what,
                                     "COCO's annotation JSON (instances_*.json; the "
                                     "arguments are root, the images' folder, then ann_file)")
+        _local_folder(root, "root", what, "the folder of the images (each image's file_name "
+                      "is relative to it)")
         parsed = parse_coco(ann_file)
         boxes, labels = parsed["boxes"], parsed["labels"]
         if not include_crowd:
@@ -491,6 +501,8 @@ class WiderFace(DetectionFiles):
         self.attributes = (np.concatenate(attrs) if attrs
                            else np.zeros((0, len(WIDER_ATTRIBUTES)), np.int8))
         images = _join(root, f"WIDER_{split}/images")
+        _local_folder(images, "the images' folder", what, f"the images of split={split!r} "
+                      f"under root/WIDER_{split}/images/ (WIDER FACE's official layout)")
         DetectionFiles.__init__(
             self, [_join(images, n) for n in names], boxes,
             [np.zeros(len(b), np.int64) for b in boxes], size=size, crop=crop, flip=flip,
