@@ -663,3 +663,18 @@ def test_flat_storage_keeps_every_label_and_names_the_bad_box_of_a_later_image(f
                        r"4.0\] \(xyxy\): its width or height is negative"):
         DetectionFiles(files[:3], [[[0, 0, 5, 5]], [], [[1, 1, 4, 4], [9, 1, 4, 4]]],
                        [[1], [], [1, 2]])
+
+
+def test_letterbox_boxes_map_back_to_the_source_as_the_readme_says(files):
+    # README: the boxes are only scaled, by round(W * s) / W across and round(H * s) / H
+    # down with s = min(h / H, w / W); dividing by those gives the source boxes.
+    h, w = 96, 128
+    ds = make(files, size=(h, w), crop=Letterbox(), flip=0)
+    for i, (width, height) in enumerate(SIZES):
+        _, target = ds[i]
+        s = min(h / height, w / width)
+        back = target["boxes"] / np.array([round(width * s) / width, round(height * s) / height,
+                                           round(width * s) / width, round(height * s) / height])
+        given = np.array(BOXES[i], np.float64).reshape(-1, 4)
+        given = np.clip(given, 0, [width, height, width, height])
+        np.testing.assert_allclose(back, given, atol=1e-3)
