@@ -114,9 +114,16 @@ class DetectionFiles(ImageFiles):
     Raises
     ------
     ValueError
-        At construction: a box with a non-finite coordinate or a negative
-        width or height (naming the image and the box), boxes and labels
-        whose counts differ, a RandomResizedCrop of another size.
+        At construction: a box with a non-finite coordinate (or one past
+        float32's range) or a negative width or height (naming the image and
+        the box), a box array not of shape (n, 4), labels that are not one
+        integer per box, paths, boxes and labels of different lengths, a
+        crop of another type (or its class for an instance), a
+        RandomResizedCrop of another size, any other bad option (naming it
+        and its value).
+    TypeError
+        ``boxes`` or ``labels`` that are not sequences, a path that is not
+        a file name.
 
     Notes
     -----
