@@ -591,17 +591,9 @@ def test_torch_subsets(files):
 
 
 # A sampler or batch sampler of the user's hands the in-process fetcher its indices as
-# a list, and the batch path (gather_batch) is taken for index arrays only: with
-# num_workers=0 the samples are then collated one by one and differing box counts
-# fail; with workers (the indices travel as an array) the batch path is taken.  The
-# engine's fetcher would take a list of ints as an index array (netcl_loader._worker).
-SAMPLER_XFAIL = pytest.mark.xfail(
-    strict=True, raises=CollateError,
-    reason="the engine's in-process fetcher takes the batch path for index arrays only, "
-           "not a sampler's lists")
-
-
-@pytest.mark.parametrize("num_workers", [pytest.param(0, marks=SAMPLER_XFAIL), 2])
+# a list; workers receive them as an int64 array.  Both must take the batch path
+# (gather_batch): collated sample by sample, differing box counts would fail.
+@pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_sampler_of_the_users(files, num_workers):
     ds = make(files, size=48, crop=Letterbox(), flip=0)
     with DataLoader(ds, batch_size=3, sampler=[5, 4, 3, 2, 1, 0],
@@ -610,7 +602,7 @@ def test_a_sampler_of_the_users(files, num_workers):
     assert list(t["image_id"]) == [5, 4, 3]
 
 
-@pytest.mark.parametrize("num_workers", [pytest.param(0, marks=SAMPLER_XFAIL), 2])
+@pytest.mark.parametrize("num_workers", [0, 2])
 def test_torch_face_with_a_distributed_sampler(files, num_workers):
     torch, TorchLoader = _torch()
     from torch.utils.data import DistributedSampler

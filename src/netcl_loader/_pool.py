@@ -14,7 +14,7 @@ from ._errors import LoaderTimeout
 from ._protocol import (ENTRY_LOAD_STATE, ENTRY_NO_ROOM, ENTRY_PIPED_TASK, ENTRY_REMAP,
                         ENTRY_STOP, ENTRY_TASK, FLAG_PICKLED_INDICES, KIND_LOAD_STATE, KIND_REMAP,
                         KIND_TASK, STATE, TASK_HEADER, send_fd)
-from ._worker import Lifeline, WorkerConfig, worker_loop
+from ._worker import Lifeline, WorkerConfig, task_indices, worker_loop
 from ._deadline import Deadline
 from ._slots import LEASE_NEXT_CALL, LEASE_REFS, LEASE_UPLOAD, NO_ITERATION, Slots
 from .shared_batch import SharedBatchRingBuffer
@@ -299,12 +299,7 @@ class Pool:
         slot, grow_to = slots.pick()
         if grow_to and self.use_shared_mem:
             self.grow(slot, grow_to)
-        if isinstance(indices, np.ndarray) and indices.dtype == np.int64:
-            idx = indices if indices.flags.c_contiguous else np.ascontiguousarray(indices)
-        elif all(type(i) is int or isinstance(i, np.integer) for i in indices):
-            idx = np.asarray(indices, np.int64)  # a sampler's ints or NumPy ints
-        else:
-            idx = None  # not all ints (a sampler's keys): pickled on the pipe
+        idx = task_indices(indices)  # None: not all ints (a sampler's keys), pickled on the pipe
         if slots.assign(slot, seq, wid, epoch, idx):
             self.push(wid, ENTRY_TASK | slot, False)
             quiet = self.quiet[wid] + 1

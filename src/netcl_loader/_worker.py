@@ -333,6 +333,16 @@ def count_skipped(n=1):
     _skipped_now += n
 
 
+def task_indices(indices):
+    """``indices`` as a worker receives them: an int64 array when every index is an
+    int (Python's or NumPy's; not a bool), else None (a sampler's keys, pickled)."""
+    if isinstance(indices, np.ndarray) and indices.dtype == np.int64:
+        return indices if indices.flags.c_contiguous else np.ascontiguousarray(indices)
+    if all(type(i) is int or isinstance(i, np.integer) for i in indices):
+        return np.asarray(indices, np.int64)
+    return None
+
+
 class _MapFetcher:
     """The samples of one batch of indices from a map-style dataset.
 
@@ -357,6 +367,12 @@ class _MapFetcher:
             # No auto-batching: the sample as fetched (PyTorch's batch_size=None).
             index = indices[0]
             return self.dataset[int(index) if isinstance(index, np.integer) else index], False
+        if not isinstance(indices, np.ndarray) and (self.gather or self.columns is not None):
+            # In-process, a sampler's list arrives as it is; a worker receives
+            # the same indices as an int64 array (task_indices): take the batch
+            # path here too, so that every num_workers gives the same batches.
+            arr = task_indices(indices)
+            indices = indices if arr is None else arr
         if isinstance(indices, np.ndarray):
             if self.columns is not None:
                 return self._gather_tensors(indices, alloc), True
