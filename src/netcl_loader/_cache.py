@@ -278,11 +278,14 @@ class Cache:
 class Part:
     """One entry being written: its descriptor, reserved bytes and temporary name."""
 
-    __slots__ = ("cache", "key", "path", "fd", "size", "written")
+    __slots__ = ("cache", "key", "path", "fd", "size", "written", "_lock")
 
     def __init__(self, cache, key, path, fd, size):
         self.cache, self.key, self.path, self.fd, self.size = cache, key, path, fd, size
         self.written = 0
+        # commit/abort happen once: the fetch's coroutine and a closing loader
+        # (for a fetch cancelled before it ran) may both give the entry up.
+        self._lock = threading.Lock()
 
     def write_at(self, offset, data):
         if self.fd is None:
@@ -296,12 +299,19 @@ class Part:
 
     def commit(self):
         """The entry is whole: it takes its name (atomically: a reader sees all of it or nothing)."""
-        self._close()
-        self.cache._finish(self, True)
+        with self._lock:
+            if self.fd is None:
+                raise ValueError(f"the cache entry {self.key} was already committed or given up")
+            self._close()
+            self.cache._finish(self, True)
 
     def abort(self):
-        self._close()
-        self.cache._finish(self, False)
+        """Give the entry up: its file goes and its bytes go back to the bound (once)."""
+        with self._lock:
+            if self.fd is None:
+                return
+            self._close()
+            self.cache._finish(self, False)
 
     def _close(self):
         if self.fd is not None:

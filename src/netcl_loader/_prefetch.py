@@ -51,6 +51,8 @@ MAX_LISTED_UNITS = 100_000
 #: gives up with an error naming the sizes (the cache is too small, or full of
 #: what other loaders sharing it are using).
 STUCK_SECONDS = 60.0
+#: How long closing a loader waits for its cancelled fetches to clean up.
+CLOSE_WAIT_SECONDS = 5.0
 
 
 class Units:
@@ -237,6 +239,7 @@ class Prefetcher:
         # (asyncio's semaphores bind to the loop that first waits on them.)
         self._sem = asyncio.Semaphore(max(1, units.max_requests))
         self._unsized_sem = asyncio.Semaphore(MAX_UNSIZED)
+        self._tasks = set()      # the fetches' tasks, on the loop's thread only
         self.closed = False
 
     def gate(self, tasks, progress):
@@ -257,8 +260,23 @@ class Prefetcher:
         with self.cond:
             futures = list(self.inflight.values())
             keys = [self.units.key(u) for u in self.present]
-        for f in futures:
-            f.cancel()
+        if futures:
+            # A closed loader leaves no fetch behind: each one is cancelled on
+            # the loop and has removed its partial file (its bytes back to the
+            # bound) before close returns.  (A cancelled concurrent Future reads
+            # as done at once, before its task has run its cleanup: wait on the
+            # tasks.)  The loop runs callbacks in order, so every fetch submitted
+            # before this has entered its coroutine and registered its task.
+            async def cancel_all():
+                tasks = [t for t in self._tasks if not t.done()]
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            try:
+                self.store.submit(cancel_all()).result(CLOSE_WAIT_SECONDS)
+            except Exception:   # noqa: BLE001 - a loop that no longer runs cannot hold us
+                for f in futures:
+                    f.cancel()
         self.cache.release(keys)
 
     def publish(self):
@@ -296,6 +314,9 @@ class Prefetcher:
         units = self.units
 
         async def run():
+            # (On the loop's thread: close() cancels the tasks registered here.)
+            task = asyncio.current_task()
+            self._tasks.add(task)
             try:
                 if part is None:
                     return await units.fetch_bytes(u, self._unsized_sem)
@@ -306,6 +327,8 @@ class Prefetcher:
                 if part is not None:
                     part.abort()
                 raise
+            finally:
+                self._tasks.discard(task)
         fut = self.store.submit(run())
         self.inflight[u] = fut
         fut.add_done_callback(lambda f, u=u: self._done(u, f))
