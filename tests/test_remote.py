@@ -803,3 +803,49 @@ def test_a_remote_dataset_pickles_without_its_filesystem(s3, tmp_path):
     assert copy._units.store._fs is None
     x, y = copy[3]
     assert x.shape == (3, 32, 32) and y == ds.targets[3]
+
+
+# --------------------------------------------------------------------------
+# Sharing a cache folder
+
+
+def test_two_fetches_of_one_entry_in_a_process_do_not_share_a_partial_file(tmp_path):
+    # Two loaders of one process sharing a cache_dir may fetch the same shard
+    # at once: each reservation writes its own file, so the second does not
+    # truncate what the first wrote, and the bytes given back leave the
+    # ledger equal to the folder.
+    from netcl_loader._cache import Cache
+    cache = Cache(tmp_path / "cache", 1 << 20)
+    key = "ab" * 20
+    first = cache.begin(key, 8)
+    first.write_at(0, b"complete")
+    second = cache.begin(key, 8)
+    first.commit()
+    with open(cache.path(key), "rb") as f:
+        assert f.read() == b"complete"
+    second.write_at(0, b"complete")
+    second.commit()   # the entry is there already: this copy goes
+    assert cache.used() == cache.disk_bytes() == 8
+    assert Cache(tmp_path / "cache", 1 << 20).used() == 8   # recounted from the files
+
+
+@needs_weed
+def test_a_loader_over_a_warm_cache_keeps_its_entries_from_other_loaders(photos, s3, tmp_path):
+    # A closed loader marks its entries as leftovers; a loader that then reads
+    # them from the cache (nothing to fetch) claims them, so that another
+    # loader sharing the folder does not evict what its batches read.
+    ds = TarImages(s3_pattern(s3, 4), crop=CROP, shuffle_window=4, cache_dir=tmp_path / "cache",
+                   storage_options=s3.storage_options(), retry=FAST)
+    with DataLoader(ds, batch_size=3, num_workers=0) as loader:
+        batches(loader)
+    cache = ds._units.cache
+    assert len(cache.stale(set())) == 4
+    with DataLoader(ds, batch_size=3, num_workers=0) as loader:
+        it = iter(loader)
+        next(it)
+        deadline = time.monotonic() + 10
+        while cache.stale(set()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert cache.stale(set()) == []
+        assert loader.stats.bytes_fetched == 0
+        list(it)

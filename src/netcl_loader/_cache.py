@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import itertools
 import os
 import shutil
 import tempfile
@@ -35,6 +36,7 @@ def entry_key(url, version):
 
 
 _LOCK = [threading.Lock()]
+_PART_IDS = itertools.count()
 
 
 def _thread_lock():
@@ -138,7 +140,8 @@ class Cache:
             if e.name.startswith("."):
                 continue
             if e.name.endswith(".part"):
-                pid = e.name.rsplit(".", 2)[-2]
+                # KEY.PID.N.part (a key is hex: no dot in it).
+                pid = e.name.split(".")[1]
                 if not pid.isdigit() or not _pid_alive(int(pid)):
                     _unlink(e.path)   # a partial file of a process that died
                     continue
@@ -186,7 +189,10 @@ class Cache:
             used = self._read_ledger(fd)
             if used + size > self.bound:
                 return None
-            part = f"{self.path(key)}.{os.getpid()}.part"
+            # One name per reservation, not per process: two fetches of one
+            # entry in a process (two loaders sharing the folder) must not
+            # open one file, the second truncating what the first wrote.
+            part = f"{self.path(key)}.{os.getpid()}.{next(_PART_IDS)}.part"
             out = os.open(part, os.O_RDWR | os.O_CREAT | os.O_TRUNC
                           | getattr(os, "O_CLOEXEC", 0), 0o600)
             try:

@@ -382,7 +382,7 @@ class Gate:
         self.closed = False
         self.thread = None
         self._stale = (0.0, [])  # (when listed, leftovers of other loaders)
-        self._touched = time.monotonic()
+        self._touched = -TOUCH_SECONDS   # the first turn touches what is present
         # Units of ours no batch not done reads (as far as seen): the first to
         # evict.  With many small units (image files) they are nearly every
         # victim, taken here without looking at every unit in the cache.
@@ -493,6 +493,11 @@ class Gate:
         stuck_since = None
         try:
             while True:
+                # The entries this loader uses are touched while it waits too:
+                # a warm cache has nothing to fetch, and entries left
+                # untouched read as leftovers that any loader sharing the
+                # folder evicts.
+                self._touch()
                 with pf.cond:
                     if self.closed or pf.closed:
                         return
@@ -519,7 +524,6 @@ class Gate:
                             continue
                     stuck_since = None
                     pf.start_fetch(u, part)
-                self._touch()
         except BaseException as exc:  # noqa: BLE001 - handed to the batches that wait
             with pf.cond:
                 for k in range(self.pos, len(self.ahead)):
