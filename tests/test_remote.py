@@ -8,6 +8,7 @@ import json
 import os
 import pickle
 import shutil
+import socket
 import subprocess
 import sys
 import tarfile
@@ -849,3 +850,51 @@ def test_a_loader_over_a_warm_cache_keeps_its_entries_from_other_loaders(photos,
         assert cache.stale(set()) == []
         assert loader.stats.bytes_fetched == 0
         list(it)
+
+
+def test_a_body_that_trickles_in_is_given_up_at_the_deadline(tmp_path):
+    # Each byte comes within the read timeout, the whole body would take far
+    # longer than deadline_seconds: the request is given up at the deadline
+    # (RemoteError naming the URL), not held until the body ends.
+    from netcl_loader._store import Store
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    port = server.getsockname()[1]
+    stop = threading.Event()
+
+    def trickle(conn):
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 206 Partial Content\r\nContent-Length: 400\r\n"
+                         b"Content-Range: bytes 0-399/400\r\n\r\n")
+            for _ in range(400):
+                if stop.wait(0.05):
+                    return
+                try:
+                    conn.sendall(b"x")
+                except OSError:
+                    return
+
+    def accept():
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=trickle, args=(conn,), daemon=True).start()
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    store = Store("http", None, Retry(attempts=3, backoff_seconds=0.01, read_timeout_seconds=5,
+                                      connect_timeout_seconds=5, deadline_seconds=1))
+    url = f"http://127.0.0.1:{port}/trickle.tar"
+    got = []
+    try:
+        with pytest.raises(RemoteError) as e:
+            store.sync(store.fetch, url, 0, 400, got.append)
+    finally:
+        stop.set()
+        server.close()
+        acceptor.join(5)
+    assert url in str(e.value) and "deadline_seconds=1" in str(e.value)
+    assert sum(map(len, got)) < 400

@@ -204,7 +204,19 @@ class Retry:
             if counters is not None:
                 counters.requests += 1
             try:
-                return await request()
+                if attempt == 1 and self.deadline_seconds == 0:
+                    return await request()
+                # The deadline bounds a try too: a body that trickles in, each
+                # piece within the read timeout, must not hold a request for good.
+                left = max(0.0, self.deadline_seconds - (time.monotonic() - start))
+                try:
+                    return await asyncio.wait_for(request(), left)
+                except asyncio.TimeoutError:
+                    if time.monotonic() - start < self.deadline_seconds:
+                        raise   # the request's own timeout
+                    raise TimeoutError(errno.ETIMEDOUT, f"the request ran past "
+                                                        f"deadline_seconds="
+                                                        f"{self.deadline_seconds:g}") from None
             except asyncio.CancelledError:
                 raise
             except ObjectChangedError:
