@@ -898,3 +898,25 @@ def test_a_body_that_trickles_in_is_given_up_at_the_deadline(tmp_path):
         acceptor.join(5)
     assert url in str(e.value) and "deadline_seconds=1" in str(e.value)
     assert sum(map(len, got)) < 400
+
+
+@needs_weed
+def test_a_new_iteration_fetches_again_what_an_earlier_one_failed_to(photos, s3, tmp_path):
+    # The store goes down for an epoch (its retries spent), then comes back: a
+    # new iteration asks again instead of raising the old error for good.
+    with FaultProxy(s3.port) as proxy:
+        ds = TarImages(s3_pattern(s3, 4), crop=CROP, shuffle_window=4,
+                       cache_dir=tmp_path / "cache",
+                       storage_options=s3.storage_options(proxy.url), retry=FAST)
+        ds._units.cache.clear()
+        with DataLoader(ds, batch_size=3, num_workers=0) as loader:
+            proxy.always_status = 503
+            with pytest.raises(RemoteError):
+                batches(loader)
+            deadline = time.monotonic() + 60
+            while loader._prefetcher.inflight and time.monotonic() < deadline:
+                time.sleep(0.01)   # the down store's fetches have all ended
+            proxy.always_status = None
+            rest = batches(loader)
+            again = batches(loader)
+    assert rest and sum(len(y) for _, y in again) == 24

@@ -247,6 +247,9 @@ class Prefetcher:
         done batches ``progress`` records."""
         g = Gate(self, tasks, progress)
         with self.cond:
+            # A new iteration asks again for what an earlier one failed to
+            # fetch: a store that was down or throttling may be back.
+            self.failed.clear()
             self.gates = [x for x in self.gates if not x.closed] + [g]
         g.start()
         return g
