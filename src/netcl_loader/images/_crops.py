@@ -41,9 +41,17 @@ def _size_pair(size, what):
     return int(h), int(w)
 
 
+def _floats(value):
+    """The numbers of a sequence as floats; a string is refused (TypeError): iterated,
+    "12" would pass as the numbers 1 and 2."""
+    if isinstance(value, (str, bytes)):
+        raise TypeError("text, not numbers")
+    return tuple(float(v) for v in value)
+
+
 def _range_pair(value, name, what):
     try:
-        lo, hi = (float(v) for v in value)
+        lo, hi = _floats(value)
         ok = 0 < lo <= hi and math.isfinite(hi)
     except (TypeError, ValueError):
         ok = False
@@ -203,7 +211,7 @@ def _fill_colour(fill, what):
     if fill is None:
         return None
     try:
-        vals = tuple(float(v) for v in fill)
+        vals = _floats(fill)
         ok = len(vals) == 3 and all(0.0 <= v <= 1.0 for v in vals)
     except (TypeError, ValueError):
         ok = False
@@ -268,7 +276,7 @@ class SquareCrop:
 
     def __init__(self, scales=(0.3, 0.45, 0.6, 0.8, 1.0), tries=250, *, fill=None):
         try:
-            sc = tuple(float(v) for v in scales)
+            sc = _floats(scales)
             ok = len(sc) > 0 and all(0.0 < v <= 1.0 for v in sc)
         except (TypeError, ValueError):
             ok = False
@@ -370,7 +378,7 @@ class RandomIoUCrop:
         self.min_aspect_ratio, self.max_aspect_ratio = _range_pair(
             (min_aspect_ratio, max_aspect_ratio), "(min_aspect_ratio, max_aspect_ratio)", what)
         try:
-            th = tuple(float(v) for v in thresholds)
+            th = _floats(thresholds)
             ok = len(th) > 0 and all(math.isfinite(v) for v in th)
         except (TypeError, ValueError):
             ok = False

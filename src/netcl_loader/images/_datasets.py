@@ -67,7 +67,8 @@ def _checked_options(crop, flip, mean, std, output, on_error, what,
     if mean is not None:
         for name, v in (("mean", mean), ("std", std)):
             try:
-                vals = tuple(float(x) for x in v)
+                # A string is text, not numbers: iterated, "000" would pass as 0, 0, 0.
+                vals = () if isinstance(v, (str, bytes)) else tuple(float(x) for x in v)
             except (TypeError, ValueError):
                 vals = ()
             if len(vals) != 3 or not all(math.isfinite(x) for x in vals) or (
