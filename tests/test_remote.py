@@ -920,3 +920,33 @@ def test_a_new_iteration_fetches_again_what_an_earlier_one_failed_to(photos, s3,
             rest = batches(loader)
             again = batches(loader)
     assert rest and sum(len(y) for _, y in again) == 24
+
+
+def _jitter_draws(_):
+    import random
+    random.seed(0)   # as every rank of a run may seed it
+    return [Retry(backoff_seconds=1.0, backoff_max_seconds=1.0).backoff(1) for _ in range(4)]
+
+
+@needs_weed
+def test_retries_leave_the_programs_random_stream_alone(s3):
+    # The jitter has its own generator: retries after faults do not shift the
+    # program's seeded `random`, and processes that seeded it alike do not
+    # back off alike.
+    import multiprocessing
+    import random
+    from netcl_loader._store import Store
+    s3.put("jitter/a.bin", os.urandom(1 << 16))
+    with FaultProxy(s3.port, slowdown=0.5, seed=1) as proxy:
+        store = Store("s3", s3.storage_options(proxy.url),
+                      Retry(attempts=20, backoff_seconds=0.001, backoff_max_seconds=0.002))
+        random.seed(0)
+        expected = [random.random() for _ in range(3)]
+        random.seed(0)
+        for _ in range(5):
+            store.sync(store.read, f"s3://{s3.bucket}/jitter/a.bin")
+        assert store.counters.retries > 0
+        assert [random.random() for _ in range(3)] == expected
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        a, b = pool.map(_jitter_draws, range(2), chunksize=1)
+    assert a != b

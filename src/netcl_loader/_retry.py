@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import math
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -31,6 +32,15 @@ _TRANSIENT_TYPES = frozenset({
 _TRANSIENT_ERRNOS = frozenset(getattr(errno, n) for n in (
     "ECONNRESET", "ECONNREFUSED", "ECONNABORTED", "ETIMEDOUT", "EPIPE", "EHOSTUNREACH",
     "ENETUNREACH", "ENETDOWN", "EBUSY", "EAGAIN") if hasattr(errno, n))
+
+
+#: The jitter's own generator, seeded from the system in each process: the
+#: program's ``random`` stream is not drawn from by retries (a fault would
+#: shift it), and ranks or workers that seeded ``random`` alike do not sleep
+#: alike (retrying together is what jitter is there to prevent).
+_JITTER = random.Random()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_JITTER.seed)
 
 
 class RemoteError(OSError):
@@ -181,10 +191,10 @@ class Retry:
                 raise ValueError(f"Retry: {name} must be a finite number of seconds "
                                  f"{'> 0' if 'timeout' in name else '>= 0'}, got {v!r}")
 
-    def backoff(self, attempt, rng=random):
+    def backoff(self, attempt, rng=None):
         """Seconds to sleep after failed try ``attempt`` (1-based): full jitter."""
         bound = min(self.backoff_max_seconds, self.backoff_seconds * 2.0 ** (attempt - 1))
-        return rng.uniform(0.0, bound)
+        return (_JITTER if rng is None else rng).uniform(0.0, bound)
 
     async def run(self, request, url, counters=None, scrub=str):
         """``await request()`` under this policy; returns its result.
