@@ -950,3 +950,27 @@ def test_retries_leave_the_programs_random_stream_alone(s3):
     with multiprocessing.get_context("fork").Pool(2) as pool:
         a, b = pool.map(_jitter_draws, range(2), chunksize=1)
     assert a != b
+
+
+@needs_weed
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_subset_of_remote_shards_is_fetched_ahead_under_a_small_bound(
+        s3, photos, tmp_path, num_workers):
+    # netcl's Subset hands the loader the wrapped dataset's remote objects,
+    # mapped to its positions: the shards are fetched ahead by the prefetcher
+    # and evicted by next use, so a bound of 4 of the 8 shards serves the
+    # subset, and its batches are those of the same subset of the local shards.
+    from netcl_loader import Subset
+    shard = max(os.path.getsize(p) for p in photos["shards"])
+    local = TarImages(photos["shards"], crop=CROP, shuffle_window=2)
+    remote = TarImages(s3_pattern(s3, 8), crop=CROP, shuffle_window=1, prefetch_shards=1,
+                       cache_dir=tmp_path / "cache", cache_bytes=4 * shard,
+                       storage_options=s3.storage_options(), retry=FAST)
+    keep = np.arange(1, len(local), 2)
+    kw = dict(batch_size=5, shuffle=False, seed=2, num_workers=num_workers)
+    with DataLoader(Subset(local, keep), **kw) as a:
+        want = batches(a)
+    with DataLoader(Subset(remote, keep), **kw) as b:
+        got = batches(b)
+        assert b.stats.requests > 0 and b.stats.peak_cache_bytes <= 4 * shard
+    assert_same(want, got)

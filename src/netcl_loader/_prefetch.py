@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import copy
 import errno
 import os
 import threading
@@ -91,6 +92,15 @@ class Units:
     @property
     def any_remote(self):
         return bool(self.remote.any())
+
+    def subset(self, indices):
+        """The same units read by the samples ``indices`` (a Subset's positions):
+        sample ``j`` of the copy reads what sample ``indices[j]`` reads."""
+        out = copy.copy(self)
+        idx = np.asarray(indices, np.int64)
+        out.sample_units = idx if self.sample_units is None else self.sample_units[idx]
+        out._keys = {}
+        return out
 
     def units_of(self, indices):
         """The remote units the samples ``indices`` read (sorted, unique)."""

@@ -171,6 +171,16 @@ class Subset:
             def gather(indices, alloc):
                 return inner(self.indices[np.asarray(indices, dtype=np.int64)], alloc)
             return gather
+        if name == "_netcl_units":
+            # The remote objects the wrapped dataset reads, mapped to this
+            # subset's positions: the loader fetches them ahead as for the
+            # dataset itself (without it, workers would fetch on demand).
+            inner_units = getattr(self.dataset, "_netcl_units")
+
+            def units():
+                u = inner_units()
+                return None if u is None else u.subset(self.indices)
+            return units
         if name == "_netcl_torch_batch":
             # How the PyTorch face reshapes the wrapped dataset's batches (detection targets).
             return getattr(self.dataset, name)
