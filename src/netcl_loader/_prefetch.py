@@ -138,7 +138,11 @@ class Units:
         if size < 0:
             data = self.store.sync(self.store.read, self.urls[u], self.etags[u])
             part = self._room(u, len(data))
-            part.write_at(0, data)
+            try:
+                part.write_at(0, data)
+            except BaseException:
+                part.abort()   # (a full disk: the reserved bytes and the descriptor go back)
+                raise
             part.commit()
             return path
         part = self._room(u, size)
