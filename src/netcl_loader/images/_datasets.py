@@ -189,8 +189,9 @@ class _ImageDataset:
             return np.random.random((n, cols))
         return rng.random((n, cols))
 
-    def __getitem__(self, i):
-        """``(image, label)``: what row 0 of the batch ``[i]`` holds (a fresh array)."""
+    def _decode_alone(self, i):
+        """Sample ``i`` decoded on its own into a fresh array, as row 0 of the batch
+        ``[i]``: ``(image, the index whose image it holds)``."""
         if isinstance(i, slice):
             raise TypeError("image datasets take an int index; wrap them in netcl_loader.Subset "
                             "for a slice")
@@ -200,6 +201,11 @@ class _ImageDataset:
             k = self._fill(i, self._draws(1)[0], image)
         finally:
             _here().close_cached()
+        return image, k
+
+    def __getitem__(self, i):
+        """``(image, label)``: what row 0 of the batch ``[i]`` holds (a fresh array)."""
+        image, k = self._decode_alone(i)
         return image, int(self.targets[k])
 
     def __getitems__(self, indices):

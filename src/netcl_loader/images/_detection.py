@@ -320,15 +320,7 @@ class DetectionFiles(ImageFiles):
 
     def __getitem__(self, i):
         """``(image, {"boxes", "labels", "image_id"})``: what row 0 of the batch ``[i]`` holds."""
-        if isinstance(i, slice):
-            raise TypeError("image datasets take an int index; wrap them in netcl_loader.Subset "
-                            "for a slice")
-        i = self._index(i)
-        image = np.empty(self.image_shape, self.dtype)
-        try:
-            k = self._fill(i, self._draws(1)[0], image)
-        finally:
-            _here().close_cached()
+        image, k = self._decode_alone(i)
         boxes, rows = self._taken(k)
         return image, {"boxes": boxes, "labels": self._labels[rows],
                        "image_id": int(self.image_ids[k])}
