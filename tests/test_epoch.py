@@ -96,3 +96,78 @@ def test_an_upload_leases_its_slot_until_the_copies_complete(cl_queue):
         assert seen_upload_lease
         dl.bind_queue(None)  # waits for pending copies and frees their slots
         assert LEASE_UPLOAD not in [k for k, _ in dl._pool.leases.values()]
+
+
+# -- a second iter() while an iteration is still held ----------------------------------
+
+MODES = [pytest.param({"num_workers": 0}, id="in-process"),
+         pytest.param({"num_workers": 2}, id="ring"),
+         pytest.param({"num_workers": 2, "use_shared_mem": False}, id="pipes")]
+
+
+def _numbers(**kw):
+    return DataLoader(list(range(100)), batch_size=10, shuffle=False, seed=0, **kw)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_peek_inside_the_loop_warns_and_the_loop_raises_instead_of_stopping_short(mode):
+    """``next(iter(loader))`` inside the loop over the same loader used to end the
+    loop's iteration without a word (60 samples of 1,000 seen).  The new iter()
+    warns, naming the batches left, and the loop's next ``next()`` raises."""
+    with _numbers(**mode) as loader:
+        seen = 0
+        with pytest.raises(RuntimeError, match="ended by a newer iteration of the same loader"):
+            for k, batch in enumerate(loader):
+                seen += len(batch)
+                if k == 3:
+                    with pytest.warns(UserWarning, match="with 6 batches left") as caught:
+                        peek = next(iter(loader))
+        assert len(caught) == 1
+        assert seen == 40
+        assert peek.tolist() == list(range(10))  # the peek is a whole new iteration
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_zip_of_a_loader_with_itself_raises_instead_of_yielding_nothing(mode):
+    with _numbers(**mode) as loader:
+        with pytest.warns(UserWarning, match="with 10 batches left"):
+            with pytest.raises(RuntimeError, match="newer iteration"):
+                list(zip(loader, loader))
+        # The loader itself is fine: the next epoch is whole.
+        assert sum(len(b) for b in loader) == 100
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_validation_pass_over_the_training_loader_mid_epoch_is_not_a_quiet_cut(mode):
+    with _numbers(**mode) as loader:
+        train = iter(loader)
+        trained = [next(train) for _ in range(4)]
+        with pytest.warns(UserWarning, match="epoch 0, still held, with 6 batches left"):
+            validated = sum(len(b) for b in loader)
+        assert validated == 100
+        with pytest.raises(RuntimeError, match="still had 6 batches to yield"):
+            next(train)
+        with pytest.raises(RuntimeError):  # every later call too, never a StopIteration
+            next(train)
+        assert len(trained) == 4
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_break_then_a_new_epoch_is_quiet(mode):
+    """An iterator let go (a ``break``, then dropped) ends without a word, as does a
+    one-off peek outside a loop and an iterator that yielded all its batches."""
+    import warnings
+    with _numbers(**mode) as loader, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for epoch in range(3):
+            for k, batch in enumerate(loader):
+                if k == 2:
+                    break
+        assert next(iter(loader)).tolist() == list(range(10))
+        assert sum(len(b) for b in loader) == 100
+        done = iter(loader)
+        for _ in range(len(loader)):
+            next(done)
+        assert sum(len(b) for b in loader) == 100  # nothing was left: nothing to say
+        with pytest.raises(StopIteration):
+            next(done)

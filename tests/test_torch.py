@@ -1568,6 +1568,39 @@ def test_torch_face_runs_a_second_iteration_alongside_the_first_as_pytorch(num_w
     loader.close()
 
 
+@pytest.mark.parametrize("persistent", [False, True])
+def test_torch_face_two_iterations_follow_pytorchs_rules_for_its_workers(persistent):
+    """PyTorch's loader with persistent workers keeps one iterator and resets it at
+    every iter(): a second iteration restarts the one still held (``zip(loader,
+    loader)`` pairs consecutive batches, a peek inside the loop restarts the loop's
+    epoch).  Without, each iter() is an iteration of its own.  Both without a
+    warning, as PyTorch's; the face gives the same batches in each case."""
+    ds = tud.TensorDataset(torch.arange(10))
+
+    def run(make):
+        loader = make(ds, batch_size=3, num_workers=2, persistent_workers=persistent)
+        first = iter(loader)
+        head = next(first)[0].tolist()
+        second = [b[0].tolist() for b in loader]
+        rest = [b[0].tolist() for b in first]
+        same = first is iter(loader)
+        pairs = [[t[0].tolist() for t in p] for p in zip(loader, loader)]
+        seen = []
+        for k, b in enumerate(loader):
+            seen += b[0].tolist()
+            if k == 1:
+                peek = next(iter(loader))[0].tolist()
+        after = [b[0].tolist() for b in loader]
+        return head, second, rest, same, pairs, seen, peek, after
+
+    want = run(tud.DataLoader)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = run(lambda *a, **kw: TorchLoader(*a, timeout=BATCH_TIMEOUT_SECONDS, **kw))
+    assert got == want
+    assert want[3] is persistent  # PyTorch's own rule, as this test reads it
+
+
 class _WithLeaf(tud.Dataset):
     """Sample i: (i, leaf(i)), for leaves default_collate refuses or keeps."""
 

@@ -51,8 +51,8 @@ class EpochIterator:
     """
 
     #: Raised by ``next()`` once a newer iteration of the loader has ended this
-    #: one (set by the PyTorch face, whose users expect two iterations to run
-    #: side by side); None: such an iteration just stops.
+    #: one while it was still held (see :meth:`supersede`); None: an iteration
+    #: that has ended just stops.
     superseded = None
 
     def __init__(self, loader, epoch, prefix, extra, prestarted=False, dataset_states=None):
@@ -84,20 +84,22 @@ class EpochIterator:
             # A frozen copy: progress drops entries from its extra set as the
             # prefix passes them, and those batches must still be skipped.
             self._tasks = numbered(loader._batches(epoch), prefix, frozenset(extra))
-        # Data in remote objects: a batch goes out once what it reads is in the
-        # cache (fetched ahead by the gate's thread); None for local data.
-        self.gate = None if self.iterable else loader._gate(self._tasks, self.progress)
-        if self.gate is not None:
-            self._tasks = self.gate
         self._tasks_left = True
         self.pool = None
         self.slots = None                # the pool's slot owner: everything about slots
         self.dataset_states = None       # a Stateful dataset's states in the workers (_DatasetStates)
         if not prestarted:
             stats.begin_epoch(epoch)
+        # The pool before the gate: the loader never forks while a thread it
+        # started runs (the gate's prefetch thread starts below).
         if loader.num_workers > 0:
             self.pool = loader._get_pool()
             self.slots = self.pool.slots
+        # Data in remote objects: a batch goes out once what it reads is in the
+        # cache (fetched ahead by the gate's thread); None for local data.
+        self.gate = None if self.iterable else loader._gate(self._tasks, self.progress)
+        if self.gate is not None:
+            self._tasks = self.gate
         self.token = loader._new_token()
         if self.pool is not None:
             self.slots.begin(self.token)
@@ -152,7 +154,9 @@ class EpochIterator:
     def __next__(self):
         if self.finished:
             if self.superseded is not None:
-                raise self.superseded
+                # A new exception each time: an epoch cut short is never a quiet
+                # StopIteration, however often the caller asks.
+                raise type(self.superseded)(*self.superseded.args)
             raise StopIteration
         now = time.perf_counter()
         if self._last is None:
@@ -547,6 +551,24 @@ class EpochIterator:
             self.slots.reclaim(wait_uploads=True)
 
     # -- ending -----------------------------------------------------------------
+    def batches_left(self):
+        """Batches this iteration has still to yield; None where nothing says
+        (an iterable-style dataset without a length)."""
+        if self.finished:
+            return 0
+        try:
+            return max(0, len(self))
+        except (TypeError, ValueError):
+            return None
+
+    def supersede(self, error):
+        """End this iteration because a newer one of its loader starts while it is
+        still held: its next ``next()`` raises ``error`` (a RuntimeError saying
+        so) instead of stopping, so that an epoch is never cut short quietly."""
+        if not self.finished:
+            self.superseded = error
+            self._abandon()
+
     def _finish(self):
         if not self.finished:
             self.finished = True

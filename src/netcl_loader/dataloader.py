@@ -132,6 +132,16 @@ class DataLoader:
     device_queue, async_transfer :
         Deprecated: use :meth:`bind_queue`.
 
+    Notes
+    -----
+    One loader runs one iteration at a time.  A new ``iter()`` while an
+    unfinished iteration is still held (a peek with ``next(iter(loader))``
+    inside the loop, ``zip(loader, loader)``, a validation pass over the
+    training loader) ends that one: it warns, naming the batches that were
+    left, and the held iterator's next ``next()`` raises a RuntimeError.  An
+    iterator let go (a ``break`` out of its loop) ends quietly.  Use a second
+    loader for a pass that runs alongside.
+
     Examples
     --------
     >>> ds = ArrayDataset(np.random.rand(1000, 3, 32, 32).astype(np.float32),
@@ -558,7 +568,7 @@ class DataLoader:
             raise RuntimeError("this DataLoader is closed")
         old = self._active() if self._active is not None else None
         if old is not None:
-            old._abandon()
+            self._end_held(old)
         if self._maker.dataset is not self.dataset:
             self._maker = self._new_maker()  # the caller replaced the dataset
         if self._resume is not None:
@@ -584,6 +594,42 @@ class DataLoader:
         self._stopped = self._stopped_dataset = None
         self._active = weakref.ref(it)
         return it
+
+    def _end_held(self, old):
+        """A new iteration starts while ``old``, an earlier one, may be unfinished.
+
+        One loader runs one iteration at a time (one pool, one ring, one order),
+        so the new one ends the old one.  The loader holds its iterator only
+        weakly: an iterator the caller let go (a ``break``, then dropped) has
+        already ended, quietly.  One still alive is still held by the caller (a
+        peek with ``next(iter(loader))`` inside the loop, ``zip(loader,
+        loader)``, a validation pass over the training loader): ending it cuts
+        its epoch short, so the new ``iter()`` warns once, naming how many
+        batches were left, and the old iterator's next ``next()`` raises a
+        RuntimeError saying why, never a quiet StopIteration.  One that had
+        yielded all its batches loses nothing and just stops.
+        """
+        if old.finished or old.prestarted:
+            return
+        left = old.batches_left()
+        if left == 0:
+            old._abandon()
+            return
+        how_many = ("an unknown number of batches" if left is None
+                    else f"{left} batch{'es' if left != 1 else ''}")
+        old.supersede(RuntimeError(
+            f"this iteration of the DataLoader (epoch {old.epoch}) was ended by a newer "
+            f"iteration of the same loader: iter(loader) was called again while it still "
+            f"had {how_many} to yield. One loader runs one iteration at a time: finish or "
+            f"drop this one (a `break` out of its loop ends it quietly) before iterating "
+            f"the loader again, or use a second DataLoader for a pass that runs alongside "
+            f"(a peek, a validation pass)"))
+        warnings.warn(
+            f"iter(loader) ended the loader's unfinished iteration of epoch {old.epoch}, "
+            f"still held, with {how_many} left: that iterator's next next() raises "
+            f"RuntimeError. One loader runs one iteration at a time; finish or drop the "
+            f"first (a `break` ends it quietly), or use a second DataLoader for a pass "
+            f"alongside (a peek, a validation pass)", UserWarning, stacklevel=3)
 
     # -- the next epoch, started while the caller finishes this one ----------
     def _config_key(self):

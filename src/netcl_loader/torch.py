@@ -277,6 +277,8 @@ rank, world_size
     As with PyTorch's loader, a second iteration may run while an unfinished
     one is still held (``zip(loader, loader)``, the same loader for training
     and mid-epoch validation): it runs on workers of its own for that pass.
+    With ``persistent_workers=True`` (and workers) the loader keeps one
+    iterator, as PyTorch's does, and every ``iter()`` resets and returns it.
 
     Lightning re-creates it (to inject a ``DistributedSampler``) as this
     class, engine and all.  Accelerate's ``prepare()`` rebuilds every loader
@@ -525,16 +527,20 @@ rank, world_size
             object.__setattr__(self, "_order_drawn",
                                (found[1], eng._resume[0] if eng._resume is not None
                                 else eng._next_epoch, found[1].get_state()))
-        it = iter(eng)
-        if old is not None and old is not it:
-            # A DataPipe's pool restarts for every iteration (its shufflers are
-            # seeded anew): an iteration still held ends, and says so when used.
-            old.superseded = RuntimeError(
-                "this iteration of a netcl_loader.torch.DataLoader over a DataPipe was "
-                "ended by a later iter() of the same loader while it was unfinished. "
-                "Finish or drop the first iteration before starting another, or use a "
-                "second DataLoader for a pass that runs alongside")
-        return it
+        if old is not None:
+            if isinstance(eng.dataset, IterDataPipe):
+                # A DataPipe's pool restarts for every iteration (its shufflers are
+                # seeded anew): an iteration still held ends, and says so when used.
+                old.supersede(RuntimeError(
+                    "this iteration of a netcl_loader.torch.DataLoader over a DataPipe was "
+                    "ended by a later iter() of the same loader while it was unfinished. "
+                    "Finish or drop the first iteration before starting another, or use a "
+                    "second DataLoader for a pass that runs alongside"))
+            else:
+                # Ended by PyTorch's rules, which say nothing: a loaded state
+                # (StatefulDataLoader drops its iterator), or one read to its length.
+                old._abandon()
+        return iter(eng)
 
     def _side_iteration(self, eng):
         """An iteration alongside the loader's unfinished one: a second engine with
@@ -550,6 +556,18 @@ rank, world_size
         return iter(side)
 
     def __iter__(self):
+        if self.persistent_workers and self.num_workers > 0:
+            # PyTorch's rule: with persistent workers the loader keeps one iterator
+            # for its life and each iter() resets and returns it (a second
+            # iteration restarts the one still held; zip(loader, loader) pairs
+            # consecutive batches).  Without, each iter() is an iteration of its own.
+            held = self.__dict__.get("_iterator")
+            if isinstance(held, _Reused):
+                held._reset()
+            else:
+                held = _Reused(self)
+                object.__setattr__(self, "_iterator", held)  # not a framework's drop
+            return held
         return self._get_iterator()
 
     def __len__(self):
@@ -697,6 +715,7 @@ rank, world_size
                             "iteration, or call close() first")
         state = self.__dict__.copy()
         state["_engine"] = None
+        state["_iterator"] = None  # PyTorch's pickles none either
         state["_stale"] = False
         state.pop("_order_drawn", None)  # this process's generator, not the copy's
         if eng is not None:
@@ -845,6 +864,37 @@ def _engine_collate(collate_fn, batched):
     if collate_fn is (default_collate if batched else default_convert):
         return None
     return collate_fn
+
+
+class _Reused:
+    """The one iterator of a loader with persistent workers, as PyTorch's: every
+    ``iter(loader)`` resets it to a new iteration of the loader's engine."""
+
+    def __init__(self, loader):
+        self._loader = loader
+        self._it = loader._get_iterator()
+
+    def _reset(self):
+        eng = self._loader._eng()
+        old = eng._active() if eng._active is not None else None
+        if old is not None:
+            old._abandon()  # PyTorch's _reset ends the running iteration without a word
+        self._it = self._loader._get_iterator()
+
+    def __iter__(self):
+        return self
+
+    def __len__(self):
+        return len(self._it)
+
+    def __next__(self):
+        return next(self._it)
+
+    def __getattr__(self, name):
+        it = self.__dict__.get("_it")
+        if it is None:
+            raise AttributeError(name)
+        return getattr(it, name)
 
 
 class _BatchHook:
