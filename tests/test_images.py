@@ -1196,3 +1196,24 @@ def test_spawned_workers_make_the_same_batches(folder):
     with DataLoader(ds, batch_size=6, shuffle=True, seed=2, num_workers=2,
                     multiprocessing_context="spawn") as dl:
         assert_same(batches(dl), ref)
+
+
+def test_a_mean_or_std_on_the_0_255_scale_warns_once_naming_the_0_1_scale(folder):
+    """``mean=(124, 116, 104)`` (0-255) where 0-1 is expected quietly gave images
+    around -500: with float output, a mean or std above 1 warns once, at
+    construction, naming the scale expected and the values divided by 255."""
+    import warnings
+    from netcl_loader.images import DetectionFiles
+    with pytest.warns(UserWarning, match=r"mean=\(124.0, 116.0, 104.0\).*expected on the 0-1 "
+                                         r"scale.*mean=\(0.486, 0.455, 0.408\)") as caught:
+        ImageFolder(folder, crop=CenterCrop(16), mean=(124, 116, 104), std=(0.2, 0.2, 0.2))
+    assert len(caught) == 1 and caught[0].filename == __file__  # the caller's line
+    with pytest.warns(UserWarning, match=r"DetectionFiles: std=\(58.0, 57.0, 57.0\)") as caught:
+        DetectionFiles([str(folder / "cat" / os.listdir(folder / "cat")[0])], [[[0, 0, 5, 5]]],
+                       [[1]], mean=(0.5, 0.5, 0.5), std=(58, 57, 57))
+    assert len(caught) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ImageFolder(folder, crop=CenterCrop(16), mean=(0.485, 0.456, 0.406), std=(1, 1, 1))
+        ImageFolder(folder, crop=CenterCrop(16), mean=(124, 116, 104), std=(58, 57, 57),
+                    output="uint8")  # not normalised: nothing to say

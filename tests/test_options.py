@@ -49,3 +49,37 @@ def test_every_refusal_names_the_argument_and_its_value(kwargs, exc, shown):
         check_options(DS, **kwargs)
     for text in shown:
         assert text in str(info.value), (text, str(info.value))
+
+
+FLAGS = ("shuffle", "drop_last", "use_shared_mem", "zero_copy", "in_order",
+         "persistent_workers", "pin_memory", "async_transfer")
+
+
+@pytest.mark.parametrize("flag", FLAGS)
+@pytest.mark.parametrize("value", ["yes", "no", 1, 0.0, [True]])
+def test_a_flag_that_is_not_a_bool_is_refused_naming_it(flag, value):
+    """``shuffle="yes"`` was taken as true (and ``"no"`` too): a flag is a bool,
+    Python's or NumPy's, else a TypeError naming the argument and the value."""
+    with pytest.raises(TypeError) as info:
+        DataLoader(DS, num_workers=0, **{flag: value})
+    assert flag in str(info.value) and repr(value) in str(info.value)
+    assert "bool" in str(info.value)
+
+
+@pytest.mark.parametrize("flag", FLAGS)
+def test_flags_take_python_and_numpy_bools(flag):
+    for value in (True, False, np.True_, np.False_):
+        if flag == "persistent_workers" or (flag == "async_transfer" and value):
+            continue  # (warns: nothing to transfer to)
+        with DataLoader(DS, batch_size=4, num_workers=1, **{flag: value}) as dl:
+            assert sum(len(x[0]) for x in dl) == (8 if flag == "drop_last" and value else 10)
+    assert DataLoader(DS, num_workers=0, shuffle=None).shuffle is False  # PyTorch's default
+
+
+@pytest.mark.parametrize("path", ["train/", b"train/", __import__("pathlib").Path("train")])
+def test_a_path_as_dataset_is_refused_pointing_to_image_folder(path):
+    """``DataLoader("train/")`` loaded batches of the string's characters."""
+    with pytest.raises(TypeError) as info:
+        DataLoader(path)
+    text = str(info.value)
+    assert repr(path) in text and "netcl_loader.images.ImageFolder" in text

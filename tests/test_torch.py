@@ -1601,6 +1601,22 @@ def test_torch_face_two_iterations_follow_pytorchs_rules_for_its_workers(persist
     assert want[3] is persistent  # PyTorch's own rule, as this test reads it
 
 
+def test_torch_face_takes_flags_as_pytorch_does_by_truthiness():
+    """PyTorch judges its flags by truthiness (shuffle=None is its default); the
+    NumPy face refuses a flag that is not a bool, the PyTorch face keeps PyTorch's
+    rule for PyTorch's flags and the NumPy face's for its own."""
+    ds = tud.TensorDataset(torch.arange(10))
+    kw = dict(batch_size=3, shuffle=0, drop_last=True, in_order=1, pin_memory=0,
+              num_workers=2, persistent_workers=1)
+    want = [b[0].tolist() for b in tud.DataLoader(ds, **kw)]
+    with TorchLoader(ds, **kw) as loader:
+        assert [b[0].tolist() for b in loader] == want == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    with pytest.raises(TypeError, match="zero_copy must be a bool"):
+        TorchLoader(ds, zero_copy="yes")
+    with pytest.raises(TypeError, match="shuffle must be a bool .True or False., got 'yes'"):
+        NetclLoader(ds, shuffle="yes")
+
+
 class _WithLeaf(tud.Dataset):
     """Sample i: (i, leaf(i)), for leaves default_collate refuses or keeps."""
 

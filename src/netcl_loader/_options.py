@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import multiprocessing
 import numbers
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +12,8 @@ import numpy as np
 
 from ._collate import torch_module  # the one answer to "is torch loaded?" (never imports it)
 
-__all__ = ["Unset", "given", "check_positive_int", "check_callable",
+__all__ = ["Unset", "given", "check_positive_int", "check_flag", "check_dataset_not_a_path",
+           "check_callable",
            "check_nonnegative_int_or_none", "is_iterable_dataset", "OUTPUTS", "LoaderOptions",
            "check_options", "resolve_context", "WORKER_SEEDINGS"]
 
@@ -50,6 +52,30 @@ def check_positive_int(name, value, minimum=1):
         raise (TypeError if not isinstance(value, numbers.Integral) or isinstance(value, bool)
                else ValueError)(f"{name} must be {what}, got {value!r}")
     return int(value)
+
+
+def check_flag(name, value):
+    """``value`` as a bool when it is one (Python's or NumPy's); else TypeError naming
+    ``name`` and the value.  A flag is never judged by truthiness: ``"no"`` and
+    ``"false"`` are true strings, so a string taken as a flag turns on what it
+    meant to turn off."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool (True or False), got {value!r} of type "
+                        f"{type(value).__name__}")
+    return bool(value)
+
+
+def check_dataset_not_a_path(dataset):
+    """TypeError for a dataset that is a file or folder name (str, bytes, os.PathLike):
+    a str has ``__len__`` and ``__getitem__``, so it would load as batches of its
+    characters; a folder of images is read by ``netcl_loader.images.ImageFolder``."""
+    if isinstance(dataset, (str, bytes, bytearray, os.PathLike)):
+        raise TypeError(f"dataset must be a dataset object, got the "
+                        f"{'path' if isinstance(dataset, os.PathLike) else type(dataset).__name__} "
+                        f"{dataset!r}: a string would load as batches of its characters. For "
+                        f"a folder of images (one subfolder per class) use "
+                        f"DataLoader(netcl_loader.images.ImageFolder({dataset!r}), ...); for "
+                        f"a list of files, netcl_loader.images.ImageFiles(paths, labels)")
 
 
 def check_callable(name, value):
@@ -204,6 +230,7 @@ def check_options(dataset, batch_size=BATCH_SIZE, shuffle=SHUFFLE, drop_last=DRO
         For an argument of the wrong type or value, or two that conflict;
         the message names each argument, its value and what is expected.
     """
+    check_dataset_not_a_path(dataset)
     iterable = is_iterable_dataset(dataset)
     if not iterable and not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
         raise TypeError(f"dataset must be a map-style dataset with __len__ and __getitem__ "
@@ -211,6 +238,14 @@ def check_options(dataset, batch_size=BATCH_SIZE, shuffle=SHUFFLE, drop_last=DRO
     passed_batch_size, batch_size = given(batch_size)
     passed_shuffle, shuffle = given(shuffle)
     passed_drop_last, drop_last = given(drop_last)
+    # Flags are bools (PyTorch's shuffle=None, its default, means False).
+    shuffle = False if shuffle is None else check_flag("shuffle", shuffle)
+    drop_last = check_flag("drop_last", drop_last)
+    use_shared_mem = check_flag("use_shared_mem", use_shared_mem)
+    zero_copy = check_flag("zero_copy", zero_copy)
+    in_order = check_flag("in_order", in_order)
+    persistent_workers = check_flag("persistent_workers", persistent_workers)
+    pin_memory = check_flag("pin_memory", pin_memory)
     if iterable:
         if passed_shuffle and shuffle:
             raise ValueError(f"shuffle={shuffle!r} cannot be used with an iterable-style "

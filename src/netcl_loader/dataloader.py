@@ -28,9 +28,10 @@ import weakref
 from ._epoch import EpochIterator
 from ._errors import LoaderTimeout
 from ._options import (BATCH_SIZE, DROP_LAST, PUBLIC_ATTRIBUTES, SHUFFLE, Unset,
-                       check_options, is_iterable_dataset, resolve_context)  # noqa: F401
+                       check_flag, check_options, is_iterable_dataset, resolve_context)  # noqa: F401
 from ._order import (STATE_VERSION, check_state, epoch_length, epoch_order, group,
                      index_batches, length_or_none, num_batches)
+from ._loopthread import paused as stores_paused
 from ._pool import Pool, WorkerError
 from ._prefetch import Prefetcher
 from ._stats import LoaderStats
@@ -171,6 +172,7 @@ class DataLoader:
             rank=rank, world_size=world_size, output=output, worker_seeding=worker_seeding,
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
             pin_memory=pin_memory, pin_memory_device=pin_memory_device, generator=generator)
+        check_flag("async_transfer", async_transfer)
         self._options = opts
         self._stats = LoaderStats()
         # How batches reach the caller (output, zero_copy, pin_memory's finishing
@@ -498,7 +500,10 @@ class DataLoader:
         if self._pool is None:
             if self._pools_started:
                 self._stats.worker_restarts += 1
-            self._pool = Pool(self)
+            # Workers fork with no thread of this package's running: the
+            # object-store loop stops for the start (Pool is made nowhere else).
+            with stores_paused():
+                self._pool = Pool(self)
             self._pool_dataset = self.dataset
             self._pools_started += 1
             self._generation += 1

@@ -325,17 +325,20 @@ rank, world_size
         # and PyTorch's default collate as its own compiled one.
         batched = batch_size is not None or batch_sampler is not None
         iterable = is_iterable_dataset(dataset)
+        # PyTorch judges its flags by truthiness (shuffle=None is its default):
+        # the engine, which refuses a flag that is not a bool, gets them as bools.
         eng = _Engine(
             dataset, batch_size=batch_size, shuffle=bool(shuffle) and not iterable,
-            drop_last=drop_last,
+            drop_last=bool(drop_last),
             num_workers=num_workers, prefetch=prefetch, seed=seed, transforms=transforms,
             use_shared_mem=use_shared_mem, sampler=sampler, batch_sampler=batch_sampler,
             collate_fn=_engine_collate(collate_fn, batched), zero_copy=zero_copy,
-            in_order=in_order, timeout=timeout, worker_init_fn=_datapipe_worker_init(dataset, worker_init_fn),
+            in_order=bool(in_order), timeout=timeout,
+            worker_init_fn=_datapipe_worker_init(dataset, worker_init_fn),
             multiprocessing_context=multiprocessing_context,
             **_engine_shard(sampler, batch_sampler, rank, world_size),
             output=output, worker_seeding=worker_seeding, prefetch_factor=prefetch_factor,
-            persistent_workers=persistent_workers, pin_memory=pin_memory,
+            persistent_workers=bool(persistent_workers), pin_memory=bool(pin_memory),
             pin_memory_device=pin_memory_device, generator=generator,
             device_queue=device_queue, async_transfer=async_transfer)
         try:
@@ -427,12 +430,13 @@ rank, world_size
         """The engine's arguments, from the face's attributes (as they are now)."""
         kw = dict(num_workers=self.num_workers, transforms=self.transforms,
                   use_shared_mem=self.use_shared_mem, zero_copy=self.zero_copy,
-                  in_order=self.in_order, timeout=self.timeout,
+                  in_order=bool(self.in_order), timeout=self.timeout,
                   worker_init_fn=_datapipe_worker_init(self.dataset, self.worker_init_fn),
                   multiprocessing_context=self.multiprocessing_context,
                   output=self.output,
                   worker_seeding=self.worker_seeding,
-                  persistent_workers=self.persistent_workers, pin_memory=self.pin_memory,
+                  persistent_workers=bool(self.persistent_workers),
+                  pin_memory=bool(self.pin_memory),
                   pin_memory_device=self.pin_memory_device)
         kw.update(_engine_shard(None if self._built_in else self.sampler,
                                 None if self._built_in else self.batch_sampler,
@@ -445,15 +449,15 @@ rank, world_size
         elif self.num_workers > 0 and self.prefetch_factor:
             kw["prefetch_factor"] = self.prefetch_factor
         if self._dataset_kind == _DatasetKind.Iterable:
-            kw.update(batch_size=self.batch_size, drop_last=self.drop_last)
+            kw.update(batch_size=self.batch_size, drop_last=bool(self.drop_last))
         elif self._built_in:
-            kw.update(batch_size=self.batch_size, drop_last=self.drop_last,
+            kw.update(batch_size=self.batch_size, drop_last=bool(self.drop_last),
                       shuffle=isinstance(self.sampler, RandomSampler))
         elif self.batch_size is None and self.batch_sampler is not None:
             kw.update(batch_sampler=self.batch_sampler, batch_size=1)
         else:
             kw.update(sampler=self.sampler, batch_size=self.batch_size,
-                      drop_last=self.drop_last, shuffle=False)
+                      drop_last=bool(self.drop_last), shuffle=False)
         return kw
 
     def _eng(self):

@@ -6,6 +6,8 @@ import math
 import numbers
 import operator
 import os
+import sys
+import warnings
 
 import numpy as np
 
@@ -81,6 +83,33 @@ def _checked_options(crop, flip, mean, std, output, on_error, what,
     return crop, float(flip), mean, std, output, on_error
 
 
+def _warn_if_0_255_scale(mean, std, output, what):
+    """One UserWarning for a ``mean`` or ``std`` above 1 with float output: pixels are
+    divided by 255 before ``(v / 255 - mean) / std``, so a mean on the 0-255
+    scale (124, 116, 104) gives images around -500.  (A std above 1 on the 0-1
+    scale would squash every image to a few hundredths: the same slip.)"""
+    if output != "float32" or mean is None:
+        return
+    high = [(name, v) for name, v in (("mean", mean), ("std", std)) if max(v) > 1.0]
+    if high:
+        given = " and ".join(f"{name}={v!r}" for name, v in high)
+        fixed = ", ".join(f"{name}={tuple(round(x / 255, 3) for x in v)}" for name, v in high)
+        warnings.warn(
+            f"{what}: {given}: a value above 1 is on the 0-255 scale, but mean and std "
+            f"are expected on the 0-1 scale (float output is (v / 255 - mean) / std); "
+            f"divide by 255: {fixed}", UserWarning, stacklevel=_caller_stacklevel())
+
+
+def _caller_stacklevel():
+    """The stacklevel of the first frame outside this package (the caller's line),
+    for a warning raised some constructors deep."""
+    package = __name__.split(".")[0]
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] == package:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def _fs_names(values, name, what):
     """File names (bytes) of the sequence ``values``; TypeError naming ``name`` and the
     first item that is not a file name."""
@@ -140,6 +169,7 @@ class _ImageDataset:
             raise ValueError(f"{what}: max_file_bytes must be a positive int (the largest file "
                              f"or tar member read, in bytes), got {max_file_bytes!r}")
         self.max_file_bytes = int(max_file_bytes)
+        _warn_if_0_255_scale(self.mean, self.std, self.output, type(self).__name__)
         self._compiled = _use_compiled()
         # Indices this process found unreadable (on_error="skip"), not tried
         # again.  A file's failure never depends on the crop (the compiled
