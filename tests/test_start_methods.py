@@ -85,11 +85,11 @@ LOCAL = """
 @needs_fork_warning
 def test_a_thread_of_the_users_is_what_the_fork_warning_names(tmp_path):
     # The control: the warning reaches this test's stderr when a thread runs.
-    err = run_script("""
+    err = run_script(textwrap.dedent("""
         import threading
         stop = threading.Event()
         threading.Thread(target=stop.wait, daemon=True).start()
-    """ + textwrap.dedent(LOCAL), tmp_path)
+    """) + textwrap.dedent(LOCAL), tmp_path)
     assert FORK_WARNING in err
 
 

@@ -6,6 +6,7 @@ import errno
 import os
 from dataclasses import dataclass
 
+from ._loopthread import running_loop
 from ._retry import Retry, Truncated
 from ._urls import Secrets, missing_package_error, protocol_of, redact
 
@@ -99,6 +100,9 @@ class Store:
     # -- the filesystem ----------------------------------------------------------
     @property
     def fs(self):
+        # Requests run on this package's loop (see _loopthread), running
+        # before any use of the filesystem.
+        running_loop()
         if self._fs is None or self._pid != os.getpid():
             self._fs = self._make_fs()
             self._pid = os.getpid()
@@ -107,6 +111,7 @@ class Store:
     def _make_fs(self):
         try:
             import fsspec
+            import fsspec.asyn
         except ImportError as exc:
             raise ImportError(f"reading {self.scheme}:// URLs needs the package 'fsspec' "
                               f"(pip install 'netcl-loader[remote]'): {exc}") from None
@@ -134,6 +139,8 @@ class Store:
         except ImportError as exc:
             raise missing_package_error(f"{self.scheme}://", self.scheme, exc) from None
         try:
+            if issubclass(cls, fsspec.asyn.AsyncFileSystem):
+                opts["loop"] = running_loop()   # not fsspec's loop thread, which never stops
             fs = cls(skip_instance_cache=True, **opts)
         except TypeError as exc:
             raise TypeError(f"storage_options for {self.scheme}://: {self.scrub(exc)}") from None
