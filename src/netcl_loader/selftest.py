@@ -801,7 +801,11 @@ def memcpy_two_process_limit(arrays, batch_size, seed=0, runs=MEMCPY_RUNS, proce
     # How many times over each run copies its epoch: from one epoch copied here.
     probe = _time_epoch(_COPIES[method], arrays, _touched_buffers(arrays, batch_size), epochs[0])
     repeat = max(1, math.ceil(TWO_PROCESS_MIN_SECONDS * processes / max(probe, 1e-9)))
-    ctx = multiprocessing.get_context("fork")  # the children share the arrays' pages
+    # fork where the platform has it: the children share the arrays' pages.
+    # Elsewhere (Windows) spawn, which hands each child a pickled copy of the
+    # arrays before the barrier, so the copies stay out of the timed epochs.
+    ctx = multiprocessing.get_context(
+        "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
     barrier = ctx.Barrier(processes)
     procs, conns = [], []
     try:
