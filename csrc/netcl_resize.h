@@ -331,6 +331,11 @@ static int netcl_resize_simd_allowed = 1;
 
 static inline int netcl_resize_have_avx2(void) {
 #if NETCL_RESIZE_X86
+    /* __builtin_cpu_supports reads a CPU model that libgcc fills in from a
+     * constructor, but other runtimes (clang's compiler-rt, as linked into a
+     * shared module by the wheel's build) leave it zeroed until
+     * __builtin_cpu_init runs: without this call AVX2 reads as absent. */
+    __builtin_cpu_init();
     return netcl_resize_simd_allowed && __builtin_cpu_supports("avx2");
 #else
     return 0;

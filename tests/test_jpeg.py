@@ -615,6 +615,34 @@ def test_vector_and_scalar_code_give_the_same_bytes(files):
         np.testing.assert_array_equal(a, b)
 
 
+def cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def test_the_vector_paths_are_taken_where_the_cpu_has_avx2():
+    """Both modules resize with AVX2 where the CPU has it: the run-time check
+    must see the CPU as it is whatever compiler and runtime built the module
+    (the wheel's clang left it reading "no AVX2" until the check initialised
+    the CPU model itself), or the comparison above passes without any vector
+    code."""
+    if "avx2" not in cpu_flags():
+        pytest.skip("this CPU has no AVX2 (or /proc/cpuinfo is not readable): only the "
+                    "scalar paths exist here")
+    try:
+        assert _image._use_simd(True) is True
+        assert _jpeg._use_simd(True) is True
+    finally:
+        _image._use_simd(True)
+        _jpeg._use_simd(True)
+
+
 def test_a_view_into_a_padded_array_gets_the_same_pixels(files):
     """A sub-rectangle ``a[:, y0:y0+h, x0:x0+w]`` of a larger C-contiguous
     array (how a letterboxed image lands in its slot row) receives exactly the
