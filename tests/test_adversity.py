@@ -949,3 +949,81 @@ def test_a_failed_fork_raises_the_os_error_under_rlimit_nproc():
     """
     code = textwrap.dedent(code) + textwrap.dedent(FAILED_FORK_PROGRAM)
     _check_failed_fork(run_child(code))
+
+
+# -- a worker that dies before it starts ------------------------------------------------
+
+_UNGUARDED = """
+import netcl_loader
+loader = netcl_loader.DataLoader(list(range(10)), batch_size=2, num_workers=1,
+                                 multiprocessing_context={method!r}, timeout=60)
+print(sum(len(b) for b in loader))
+"""
+
+_UNPICKLABLE = """
+import netcl_loader
+
+
+class Broken(list):
+    def __reduce__(self):
+        return _fail, ()
+
+
+def _fail():
+    raise RuntimeError("this dataset cannot be rebuilt")
+
+
+if __name__ == "__main__":
+    loader = netcl_loader.DataLoader(Broken(range(10)), batch_size=2, num_workers=1,
+                                     multiprocessing_context={method!r}, timeout=60)
+    print(sum(len(b) for b in loader))
+"""
+
+
+def _run_script(tmp_path, source, method):
+    import subprocess
+    script = tmp_path / f"script_{method}.py"
+    script.write_text(source.format(method=method))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=240, env=env, cwd=tmp_path), script
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_worker_dying_while_importing_an_unguarded_main_module_names_the_guard(tmp_path, method):
+    """A script without ``if __name__ == "__main__":`` runs again in each spawn or
+    forkserver worker, whose start then fails: the WorkerError says the worker
+    died importing the main module and names the guard, not just "exit code 1"."""
+    proc, script = _run_script(tmp_path, _UNGUARDED, method)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("netcl_loader.WorkerError: DataLoader worker 0"), last
+    assert f"while importing the main module ({script})" in last, last
+    assert 'if __name__ == "__main__":' in last and repr(method) in last, last
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_worker_dying_while_unpickling_its_dataset_says_so(tmp_path, method):
+    proc, _ = _run_script(tmp_path, _UNPICKLABLE, method)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "while unpickling its dataset" in last and "importing" not in last, last
+    assert "this dataset cannot be rebuilt" in proc.stderr  # the worker's own traceback
+
+
+def test_public_exceptions_print_and_pickle_under_their_public_names():
+    """Tracebacks showed private paths (``netcl_loader._pool.WorkerError``)."""
+    import pickle
+    import traceback
+    import netcl_loader
+    from netcl_loader import images
+    for module, name in (("netcl_loader", "WorkerError"), ("netcl_loader", "CollateError"),
+                         ("netcl_loader", "LoaderTimeout"),
+                         ("netcl_loader.images", "ImageFileError")):
+        cls = getattr(netcl_loader if module == "netcl_loader" else images, name)
+        assert cls.__module__ == module
+        exc = cls(5) if name == "LoaderTimeout" else cls("why")
+        shown = traceback.format_exception_only(cls, exc)[-1]
+        assert shown.startswith(f"{module}.{name}: "), shown
+        again = pickle.loads(pickle.dumps(exc))
+        assert type(again) is cls and str(again) == str(exc)

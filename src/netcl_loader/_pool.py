@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 import weakref
@@ -14,7 +15,8 @@ from ._errors import LoaderTimeout
 from ._protocol import (ENTRY_LOAD_STATE, ENTRY_NO_ROOM, ENTRY_PIPED_TASK, ENTRY_REMAP,
                         ENTRY_STOP, ENTRY_TASK, FLAG_PICKLED_INDICES, KIND_LOAD_STATE, KIND_REMAP,
                         KIND_TASK, STATE, TASK_HEADER, send_fd)
-from ._worker import Lifeline, WorkerConfig, task_indices, worker_loop
+from ._worker import (BOOT_IMPORTED, BOOT_NONE, BootReport, Lifeline, WorkerConfig,
+                      task_indices, worker_loop)
 from ._deadline import Deadline
 from ._slots import LEASE_NEXT_CALL, LEASE_REFS, LEASE_UPLOAD, NO_ITERATION, Slots
 from .shared_batch import SharedBatchRingBuffer
@@ -34,6 +36,9 @@ SLOT_GROWTH = 1.25
 
 class WorkerError(RuntimeError):
     """A worker process died (signal, ``os._exit``, OOM kill); names its pid and signal or exit code."""
+
+    # Shown (in tracebacks, reprs, pickles) as the public name it is imported by.
+    __module__ = "netcl_loader"
 
     def __init__(self, message, pid=None, exitcode=None):
         super().__init__(message)
@@ -70,6 +75,30 @@ def _forget_main_only_fds():
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_main_only_fds)
+
+
+def _died_starting(wid, pid, code, method, stage):
+    """What a worker that died before it started was doing (None: it had started).
+
+    With spawn and forkserver a worker first imports the main module, so a
+    script that builds and iterates a loader at top level runs again there;
+    starting workers from it fails in the worker.  The worker's boot reports
+    (BootReport) say whether it got past that import."""
+    if method == "fork" or stage > BOOT_IMPORTED:
+        return None
+    exit = _describe_exit(wid, pid, code)
+    if stage == BOOT_NONE:
+        main = getattr(sys.modules.get("__main__"), "__file__", None)
+        where = f" ({main})" if main else ""
+        return (f"{exit} while importing the main module{where}, before it started: with "
+                f"the {method!r} start method every worker first imports the main module, "
+                f"so code at its top level runs again in each worker (see the worker's "
+                f"traceback above). Put the code that builds and iterates the DataLoader "
+                f"under `if __name__ == \"__main__\":`, or use "
+                f"multiprocessing_context=\"fork\" (Linux)")
+    return (f"{exit} while unpickling its dataset, collate_fn, transforms or worker_init_fn, "
+            f"before it started (see the worker's traceback above): with the {method!r} start "
+            f"method they travel to each worker by pickle; define them at module level")
 
 
 def _shutdown(procs, conns, header, lifeline, owner=None):
@@ -175,6 +204,11 @@ class Pool:
         self.generation = config.generation   # its workers seed from (seed, generation)
         lifeline_r, self.lifeline = ctx.Pipe(duplex=False)
         _MAIN_ONLY_FDS.add(self.lifeline.fileno())
+        self.method = method
+        # Each worker's start stage (BootReport), read when one dies: the main
+        # process keeps the read end; its write end goes to the workers only.
+        self.boot_stage = [BOOT_NONE] * W
+        self._boot, boot_w = ctx.Pipe(duplex=False)
         # PR_SET_PDEATHSIG fires when the parent *thread* ends: only safe when
         # the pool is started by the main thread.
         death_signal = threading.current_thread() is threading.main_thread()
@@ -189,8 +223,8 @@ class Pool:
                                     tuple(sorted(_MAIN_ONLY_FDS)) if method == "fork" else (),
                                     death_signal)
                 p = ctx.Process(target=worker_loop, name=f"netcl_loader-worker-{wid}", daemon=True,
-                                args=(config._replace(worker_id=wid), worker_end, self.ring,
-                                      lifeline))
+                                args=(BootReport(boot_w, wid), config._replace(worker_id=wid),
+                                      worker_end, self.ring, lifeline))
                 try:
                     p.start()
                 except BaseException as exc:
@@ -201,9 +235,12 @@ class Pool:
                 worker_end.close()
         except BaseException:
             lifeline_r.close()
+            boot_w.close()
+            self._boot.close()
             _shutdown(self.procs, self.conns, self.header, self.lifeline)
             raise
         lifeline_r.close()
+        boot_w.close()
         # Runs at close(), at collection and at interpreter exit, whichever is first.
         self._finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns, self.header,
                                            self.lifeline, os.getpid())
@@ -396,10 +433,27 @@ class Pool:
         """Raise the WorkerError of the first worker that has exited (closing the pool)."""
         for wid, p in enumerate(self.procs):
             if p.exitcode is not None:
-                msg = _describe_exit(wid, p.pid, p.exitcode)
+                self._read_boot()
+                msg = (_died_starting(wid, p.pid, p.exitcode, self.method, self.boot_stage[wid])
+                       or _describe_exit(wid, p.pid, p.exitcode))
                 self.close()
                 raise WorkerError(msg, pid=p.pid, exitcode=p.exitcode)
+
+    def _read_boot(self):
+        """Take in the start stages the workers have reported (never waits)."""
+        boot, stages = self._boot, self.boot_stage
+        try:
+            while boot.poll(0):
+                stage, wid = boot.recv_bytes()
+                if wid < len(stages):
+                    stages[wid] = max(stages[wid], stage)
+        except (EOFError, OSError, ValueError):
+            pass  # every write end is closed: all is read
 
     def close(self):
         self.alive = False
         self._finalizer()
+        try:
+            self._boot.close()
+        except OSError:
+            pass

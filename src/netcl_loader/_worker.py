@@ -239,6 +239,53 @@ def _watch_parent(lifeline, start_ppid):
             os._exit(0)
 
 
+#: How far a worker got in starting, as it reports on its pool's boot pipe: a
+#: worker that dies before BOOT_IMPORTED died in the start method's own
+#: preparation (spawn and forkserver import the main module there); one that
+#: dies before BOOT_STARTED died unpickling its arguments (the dataset,
+#: collate_fn, transforms, worker_init_fn).
+BOOT_NONE, BOOT_IMPORTED, BOOT_STARTED = 0, 1, 2
+
+
+class BootReport:
+    """A worker's report of its start stages to the main process, through ``conn``
+    (the write end of its pool's boot pipe; each report is one 2-byte write, so
+    reports of several workers never interleave).
+
+    Passed first among the worker's arguments: a worker started by spawn or
+    forkserver unpickles its arguments only after the start method has
+    imported the main module, and unpickling this one (before any user
+    object) reports BOOT_IMPORTED.  :meth:`started` reports BOOT_STARTED once
+    every argument is in.
+    """
+
+    def __init__(self, conn, worker_id):
+        self.conn, self.worker_id = conn, worker_id
+
+    def __reduce__(self):
+        return _boot_unpickled, (self.conn, self.worker_id)
+
+    def report(self, stage):
+        try:
+            self.conn.send_bytes(bytes((stage, self.worker_id)))
+        except (OSError, ValueError):
+            pass  # the main process has gone or closed the pool: nobody asks
+
+    def started(self):
+        self.report(BOOT_STARTED)
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+
+
+def _boot_unpickled(conn, worker_id):
+    """Called as a worker unpickles its first argument: the main module is imported."""
+    boot = BootReport(conn, worker_id)
+    boot.report(BOOT_IMPORTED)
+    return boot
+
+
 def start_watchdog(lifeline):
     """Exit this worker as soon as the main process dies (returns False if it already has)."""
     if _orphaned(lifeline):
@@ -733,7 +780,7 @@ class _SlotSpace:
             self._grow(needed)
 
 
-def worker_loop(config, conn, ring, lifeline):
+def worker_loop(boot, config, conn, ring, lifeline):
     """The body of one persistent worker process.
 
     Waits for tasks on its queue in the ring header (a futex wait; a busy
@@ -750,6 +797,7 @@ def worker_loop(config, conn, ring, lifeline):
     # SIGTERM handler (Lightning's broadcasts to the other ranks) would block a
     # worker that is only meant to end: SIGTERM ends a worker, as by default.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    boot.started()
     if not start_watchdog(lifeline):
         return  # the main process died while this worker was starting
     limit_threads()
