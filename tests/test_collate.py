@@ -751,3 +751,20 @@ def test_nested_tensors_give_torchs_error(torch):
     samples = [torch.nested.nested_tensor([torch.zeros(i + 1)]) for i in range(2)]
     with pytest.raises(RuntimeError, match="not currently supported by the default collate_fn"):
         collate(samples)
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_samples_of_different_shapes_name_the_fix(num_workers):
+    """A shape mismatch names the fix (same shape in the dataset, or a collate_fn;
+    transforms come too late) and prints as ``netcl_loader.CollateError``."""
+    import traceback
+    samples = [np.zeros((2, 3), np.float32), np.zeros((2, 4), np.float32)]
+    loader = DataLoader(samples, batch_size=2, shuffle=False, num_workers=num_workers,
+                        persistent_workers=False)
+    with pytest.raises(ValueError) as e:
+        list(loader)
+    text = str(e.value)
+    assert "has shape (2, 3)" in text and "has shape (2, 4)" in text
+    assert "collate_fn=" in text and "transforms= run after collation" in text
+    shown = traceback.format_exception_only(type(e.value), e.value)[-1]
+    assert shown.startswith("netcl_loader.CollateError: "), shown

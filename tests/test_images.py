@@ -1217,3 +1217,20 @@ def test_a_mean_or_std_on_the_0_255_scale_warns_once_naming_the_0_1_scale(folder
         ImageFolder(folder, crop=CenterCrop(16), mean=(0.485, 0.456, 0.406), std=(1, 1, 1))
         ImageFolder(folder, crop=CenterCrop(16), mean=(124, 116, 104), std=(58, 57, 57),
                     output="uint8")  # not normalised: nothing to say
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_corrupt_image_error_names_the_fix_on_error_skip(bad_folder, num_workers):
+    """The error for a bad file names the file and the fix: ``on_error="skip"``.  It
+    prints under its public name, ``netcl_loader.images.ImageFileError``."""
+    import traceback
+    root, paths = bad_folder
+    loader = DataLoader(ImageFolder(root, crop=CenterCrop(16), flip=0), batch_size=8,
+                        shuffle=False, num_workers=num_workers, persistent_workers=False)
+    with pytest.raises(ImageFileError) as e:
+        list(loader)
+    text = str(e.value)
+    assert paths[1] in text and "empty" in text
+    assert 'pass on_error="skip" to ImageFolder' in text
+    shown = traceback.format_exception_only(type(e.value), e.value)[-1]
+    assert shown.startswith("netcl_loader.images.ImageFileError: "), shown

@@ -353,10 +353,19 @@ cdef object _named(object exc):
     return exc
 
 
+#: The fix for samples of different shapes, named where the fault is: the
+#: default collation stacks, and only the dataset or a collate_fn can change
+#: that (transforms run on the batch, after stacking).
+_SHAPE_FIX = ("; give every sample the same shape in the dataset (resize or crop in "
+              "__getitem__), or pass collate_fn= to batch samples of different shapes "
+              "(pad them, or keep a list); transforms= run after collation, on the batch")
+
+
 cdef _mismatch(list indices, int i, str path, str what, object a, object b):
     raise _named(CollateError(
         f"cannot collate: samples differ at field {_show_path(path)}: dataset index "
-        f"{indices[0]!r} has {what} {a}, dataset index {indices[i]!r} has {what} {b}"))
+        f"{indices[0]!r} has {what} {a}, dataset index {indices[i]!r} has {what} {b}"
+        + (_SHAPE_FIX if what == "shape" else "")))
 
 
 cdef object _field_error(object exc, list indices, str path):

@@ -13,6 +13,8 @@ class LoaderTimeout(TimeoutError, RuntimeError):
     ``DataLoader timed out after N seconds``, then says what was waited for.
     """
 
+    __module__ = "netcl_loader"  # its public name, in tracebacks and pickles
+
     def __init__(self, timeout, what=""):
         self.timeout = timeout
         self.what = what
@@ -36,3 +38,5 @@ class CollateError(ValueError, RuntimeError):
     so ``except RuntimeError`` written for PyTorch catches it too).  The
     message names the dataset indices, the field and the two shapes or dtypes.
     """
+
+    __module__ = "netcl_loader"  # its public name, in tracebacks and pickles

@@ -290,7 +290,16 @@ class _ImageDataset:
                 self._decode(i, u, out)
                 return i
             except (OSError, ImageFileError) as exc:
-                if self.on_error == "raise" or _not_the_files_fault(exc):
+                if _not_the_files_fault(exc):
+                    raise
+                if self.on_error == "raise":
+                    if isinstance(exc, ImageFileError):
+                        # The fix, where the fault is named: a dataset with a few
+                        # bad files is read with on_error="skip".
+                        raise ImageFileError(
+                            f"{exc}; to replace unreadable files with the next readable "
+                            f"one, pass on_error=\"skip\" to {type(self).__name__} "
+                            f"(stats.skipped counts them)") from None
                     raise
                 self._bad.add(i)
         # on_error="skip": the next readable file in dataset order (i + 1, i + 2,

@@ -24,6 +24,8 @@ _SHOWN_BYTES = 8
 class ImageFileError(ValueError):
     """A file that is empty, truncated or not an image (the message names the file)."""
 
+    __module__ = "netcl_loader.images"  # its public name, in tracebacks and pickles
+
 
 def _compiled_module():
     try:
