@@ -10,9 +10,21 @@
 
 #include <stdint.h>
 
-#if defined(_MSC_VER) && !defined(__clang__)
+/* The MSVC branch is built by MSVC only, which nothing here runs.  It is kept
+ * honest by .ci/windows, which compiles every C file and module a second time
+ * with mingw-w64 and NETCL_ATOMIC_FORCE_MSVC defined (mingw-w64 ships the same
+ * _Interlocked intrinsics in intrin.h), with -Wall -Werror.  What no compile
+ * can check is said here: the intrinsics take `long`, which is 32 bits on
+ * Windows (LLP64), and aligned 32-bit loads and stores are atomic on x86-64 and
+ * ARM64. */
+#if (defined(_MSC_VER) && !defined(__clang__)) || defined(NETCL_ATOMIC_FORCE_MSVC)
 #include <intrin.h>
 #include <windows.h>
+
+#if defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+_Static_assert(sizeof(long) == 4 && sizeof(uint32_t) == 4,
+               "the _Interlocked intrinsics on uint32_t need a 32-bit long (LLP64)");
+#endif
 
 static inline uint32_t netcl_load_acquire(volatile uint32_t *p) {
     uint32_t v = *p;            /* aligned 32-bit loads are atomic on x86/ARM64 */
