@@ -309,6 +309,13 @@ class Part:
             if self.fd is None:
                 raise ValueError(f"the cache entry {self.key} was already committed or given up")
             self._close()
+            # Only a whole entry takes its name: every byte of it was written
+            # once (a fetch writes each byte it verified exactly once), so
+            # anything but its size means bytes missing, and it is given up.
+            if self.written != self.size:
+                self.cache._finish(self, False)
+                raise OSError(errno.EIO, f"the cache entry {self.key} got {self.written} of "
+                                         f"its {self.size} bytes: not kept")
             self.cache._finish(self, True)
 
     def abort(self):

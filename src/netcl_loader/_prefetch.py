@@ -240,6 +240,7 @@ class Prefetcher:
         self.inflight = {}       # unit -> concurrent future of its fetch
         self.fetched = {}        # unit of unknown size -> its bytes, until put in the cache
         self.failed = {}         # unit -> the error its fetch ended with
+        self.finished = 0        # fetches ended (put in the cache or failed): progress
         self.gates = []
         self.figures = _Figures()
         if len(units) <= MAX_LISTED_UNITS:
@@ -352,6 +353,7 @@ class Prefetcher:
 
     def _done(self, u, fut):
         with self.cond:
+            self.finished += 1
             self.inflight.pop(u, None)
             if fut.cancelled():
                 pass
@@ -399,6 +401,7 @@ class Gate:
         self.closed = False
         self.thread = None
         self._stale = (0.0, [])  # (when listed, leftovers of other loaders)
+        self._stuck_since = None # since when the next batch's unit finds no room
         self._touched = -TOUCH_SECONDS   # the first turn touches what is present
         # Units of ours no batch not done reads (as far as seen): the first to
         # evict.  With many small units (image files) they are nearly every
@@ -496,7 +499,17 @@ class Gate:
                     raise RuntimeError("the loader's prefetcher is closed")
                 if t0 is None:
                     t0 = time.perf_counter()
+                    self._check_fits(units)
+                    # The wait has a deadline: a fetch ends (in the cache, or
+                    # failed) within the retry policy's deadline, so a gate that
+                    # sees none end for longer than that and the time it gives
+                    # room is stalled, and says so instead of waiting for good.
+                    seen, since = pf.finished, time.monotonic()
                     pf.cond.notify_all()
+                if pf.finished != seen:
+                    seen, since = pf.finished, time.monotonic()
+                elif time.monotonic() - since > self._stall_seconds():
+                    raise self._stalled(missing)
                 pf.cond.wait(POLL_SECONDS)
             self.pos += 1
         if t0 is not None:
@@ -504,10 +517,40 @@ class Gate:
         pf.publish()
         return seq, indices
 
+    def _stall_seconds(self):
+        return self.units.store.retry.deadline_seconds + STUCK_SECONDS
+
+    def _stalled(self, missing):
+        names = ", ".join(self.units.name(u) for u in missing[:3])
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        return TimeoutError(errno.ETIMEDOUT,
+                            f"the next batch waited {self._stall_seconds():.0f} s for {names}"
+                            f"{more} while no fetch ended (retry's deadline_seconds plus "
+                            f"{STUCK_SECONDS:.0f} s to make room): the fetch is stalled")
+
+    def _check_fits(self, units):
+        """An error at once when the units of one batch (their sizes as known now:
+        listed, or fetched) cannot fit in the cache together: no wait makes room."""
+        pf, cache = self.pf, self.units.cache
+        sizes = []
+        for u in units:
+            size = int(self.units.sizes[u])
+            if size < 0 and u in pf.fetched:
+                size = len(pf.fetched[u])
+            sizes.append(max(0, size))
+        total = sum(sizes)
+        if total > cache.bound:
+            raise OSError(errno.ENOSPC,
+                          f"the cache cannot hold what the next batch reads: its {len(units)} "
+                          f"objects ({', '.join(self.units.name(u) for u in units[:3])}"
+                          f"{', ...' if len(units) > 3 else ''}) are {total} bytes, more than "
+                          f"cache_bytes={cache.bound} bytes; raise cache_bytes, or lower the "
+                          f"batch size")
+
     # -- the fetch thread --------------------------------------------------------------
     def _run(self):
         pf = self.pf
-        stuck_since = None
+        self._stuck_since = None
         try:
             while True:
                 # The entries this loader uses are touched while it waits too:
@@ -528,18 +571,16 @@ class Gate:
                     size = int(self.units.sizes[u])
                     part = None
                     if size >= 0:
+                        if size > self.units.cache.bound:
+                            pf.failed[u] = self._too_small(u, size)   # no wait makes room
+                            pf.cond.notify_all()
+                            continue
                         part = self._make_room(u, size, first)
                         if part is None:
-                            # Room comes as batches in flight are done.  With
-                            # none in flight and none to evict, it never comes.
-                            if first == self.pos and self.frontier >= self.pos:
-                                stuck_since = stuck_since or time.monotonic()
-                                if time.monotonic() - stuck_since > STUCK_SECONDS:
-                                    pf.failed[u] = self._too_small(u, size)
-                                    pf.cond.notify_all()
+                            self._no_room(u, size, first)
                             pf.cond.wait(POLL_SECONDS)
                             continue
-                    stuck_since = None
+                    self._stuck_since = None
                     pf.start_fetch(u, part)
         except BaseException as exc:  # noqa: BLE001 - handed to the batches that wait
             with pf.cond:
@@ -573,16 +614,39 @@ class Gate:
                 self.scan = k + 1
             k += 1
 
+    def _no_room(self, u, size, first):
+        """No room for ``u`` now.  Room comes as batches in flight are done; with
+        none in flight and none to evict it never comes, and after STUCK_SECONDS
+        (other loaders sharing the folder may still give some back) the batches
+        that need ``u`` fail, naming the sizes."""
+        if first == self.pos and self.frontier >= self.pos:
+            self._stuck_since = self._stuck_since or time.monotonic()
+            if time.monotonic() - self._stuck_since > STUCK_SECONDS:
+                self.pf.failed[u] = self._too_small(u, size)
+                self.pf.fetched.pop(u, None)
+                self.pf.cond.notify_all()
+
     def _place_fetched(self):
-        """Put the files fetched into memory into the cache, as room allows."""
+        """Put the files fetched into memory (their size known only now) into the
+        cache, as room allows."""
         pf = self.pf
         for u in list(pf.fetched):
             data = pf.fetched[u]
+            if len(data) > self.units.cache.bound:
+                del pf.fetched[u]
+                pf.failed[u] = self._too_small(u, len(data))   # no wait makes room
+                pf.finished += 1
+                pf.cond.notify_all()
+                continue
             first = self.next_use(u)
-            part = self._make_room(u, len(data), self.pos if first is None else first)
+            first = self.pos if first is None else first
+            part = self._make_room(u, len(data), first)
             if part is None:
+                self._no_room(u, len(data), first)
                 continue   # at a later turn, once batches in flight are done
+            self._stuck_since = None
             del pf.fetched[u]
+            pf.finished += 1
             try:
                 part.write_at(0, data)
                 part.commit()

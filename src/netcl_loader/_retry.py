@@ -9,7 +9,7 @@ import random
 import time
 from dataclasses import dataclass
 
-__all__ = ["Retry", "RemoteError", "ObjectChangedError", "Truncated", "classify",
+__all__ = ["Retry", "RemoteError", "ObjectChangedError", "Truncated", "BadResponse", "classify",
            "TRANSIENT_STATUSES", "TRANSIENT_CODES"]
 
 #: HTTP statuses worth asking again: request timeout, throttling, and the
@@ -27,7 +27,7 @@ _TRANSIENT_TYPES = frozenset({
     "ClientConnectionError", "ClientOSError", "ServerTimeoutError", "ContentLengthError",
     "ReadTimeoutError", "ConnectTimeoutError", "EndpointConnectionError",
     "ConnectionClosedError", "IncompleteReadError", "ResponseStreamingError",
-    "HTTPClientError", "ProxyConnectionError", "FSTimeoutError", "Truncated",
+    "HTTPClientError", "ProxyConnectionError", "FSTimeoutError", "Truncated", "BadResponse",
     "IncompleteRead", "RemoteDisconnected", "ProtocolError"})
 _TRANSIENT_ERRNOS = frozenset(getattr(errno, n) for n in (
     "ECONNRESET", "ECONNREFUSED", "ECONNABORTED", "ETIMEDOUT", "EPIPE", "EHOSTUNREACH",
@@ -60,6 +60,22 @@ class Truncated(OSError):
     last byte received)."""
 
 
+class BadResponse(OSError):
+    """An answer that is not the one asked for: a range answered with other
+    bytes (a 206 whose Content-Range is not the range asked, a 200 with the
+    whole object), a body longer than asked, or bytes that are not HTTP.
+    Transient (asked again, on a new connection), and nothing of it is kept:
+    its bytes are checked before any is handed on."""
+
+
+def _parser_error(exc):
+    """Whether aiohttp's own parser failed on what the server sent (its
+    ``HttpProcessingError``: a bad status line, stray bytes after a body
+    longer than its Content-Length).  aiohttp gives such an error a status of
+    400 that the server never sent: it is a broken answer, not a refusal."""
+    return any(c.__name__ == "HttpProcessingError" for c in type(exc).__mro__)
+
+
 def _chain(exc):
     seen = set()
     while exc is not None and id(exc) not in seen:
@@ -69,7 +85,10 @@ def _chain(exc):
 
 
 def _status_and_code(exc):
-    """``(HTTP status or None, the store's error code or None)`` found in the chain."""
+    """``(HTTP status or None, the store's error code or None)`` found in the chain
+    (None for a status aiohttp made up for an answer it could not parse)."""
+    if any(_parser_error(e) for e in _chain(exc)):
+        return None, None
     for e in _chain(exc):
         resp = getattr(e, "response", None)
         if isinstance(resp, dict):   # botocore's ClientError
@@ -103,6 +122,8 @@ def classify(exc):
     if status is not None and 400 <= status < 500:
         return "fatal"
     for e in _chain(exc):
+        if _parser_error(e) or isinstance(e, BadResponse):
+            return "transient"
         if isinstance(e, PermissionError):
             return "denied"
         if isinstance(e, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
@@ -122,6 +143,14 @@ def describe(exc, scrub=str):
     status, code = _status_and_code(exc)
     if status is not None:
         return f"HTTP {status}" + (f" {code}" if code and str(code) != str(status) else "")
+    for e in _chain(exc):
+        if _parser_error(e):
+            first = str(getattr(e, "message", "") or e).strip().splitlines()
+            first = first[0].rstrip(":") if first else "unparsable"
+            return (f"a malformed answer ({first[:80]}: a body longer than its "
+                    f"Content-Length, or bytes that are not HTTP)")
+        if isinstance(e, BadResponse):
+            return scrub(e.strerror or str(e))
     text = scrub(str(exc)).strip() or "(no message)"
     if len(text) > 200:
         text = text[:200] + "..."
@@ -238,10 +267,14 @@ class Retry:
                 elapsed = time.monotonic() - start
                 pause = self.backoff(attempt)
                 if attempt >= self.attempts or elapsed + pause > self.deadline_seconds:
+                    why = ("the server kept answering with other bytes than asked"
+                           if any(isinstance(e, BadResponse) or _parser_error(e)
+                                  for e in _chain(exc))
+                           else "the store kept failing: a throttled, overloaded or "
+                                "unreachable store")
                     raise RemoteError(
                         errno.EIO, f"{url}: {describe(exc, scrub)} (the last of {attempt} "
-                                   f"attempts in {elapsed:.1f} s; the store kept failing: "
-                                   f"a throttled, overloaded or unreachable store)") from None
+                                   f"attempts in {elapsed:.1f} s; {why})") from None
                 if counters is not None:
                     counters.retries += 1
                 await asyncio.sleep(pause)

@@ -4,10 +4,11 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import re
 from dataclasses import dataclass
 
 from ._loopthread import running_loop
-from ._retry import Retry, Truncated
+from ._retry import BadResponse, Retry, Truncated
 from ._urls import Secrets, missing_package_error, protocol_of, redact
 
 __all__ = ["Store", "ObjectInfo", "Counters", "CHUNK_BYTES"]
@@ -269,7 +270,13 @@ class Store:
         """Bytes ``[start, end)`` of ``url`` (``end`` None: to its end), handed to
         ``sink(chunk)`` in order.  A retry asks only for what was not received;
         ``etag`` given: every request is conditional on it (If-Match), and an
-        object that changed raises ObjectChangedError naming it."""
+        object that changed raises ObjectChangedError naming it.
+
+        Every answer is checked before a byte of it reaches ``sink``: a range
+        must come back as a 206 whose Content-Range is the range asked, and no
+        body may run past the bytes asked (the sink writes into a block of
+        exactly that size); anything else is a :class:`~._retry.BadResponse`,
+        asked again."""
         got = [0]
 
         def take(chunk):
@@ -282,12 +289,21 @@ class Store:
             if end is not None and lo >= end:
                 return
             want = None if end is None else end - lo
+            left = [want]
+
+            def checked(chunk):
+                if left[0] is not None:
+                    if len(chunk) > left[0]:
+                        raise BadResponse(errno.EIO, f"the body runs past the {want} bytes asked "
+                                                     f"(bytes {_span(lo, end)})")
+                    left[0] -= len(chunk)
+                take(chunk)
             if self.protocol == "s3":
-                n, total = await self._get_s3(url, lo, end, take, etag)
+                n, total = await self._get_s3(url, lo, end, checked, etag)
             elif self.protocol in ("http", "https"):
-                n, total = await self._get_http(url, lo, end, take, etag)
+                n, total = await self._get_http(url, lo, end, checked, etag)
             else:
-                n, total = await self._get_other(url, lo, end, take)
+                n, total = await self._get_other(url, lo, end, checked)
             if want is not None and n < want:
                 raise Truncated(errno.EIO, f"the body ended {want - n} bytes short of the range")
             if want is None and total is not None and n < total:
@@ -315,6 +331,8 @@ class Store:
         body = resp["Body"]
         n = 0
         try:
+            if "Range" in kw:
+                _check_range(resp.get("ContentRange"), lo, end, resp.get("ContentLength"))
             while True:
                 chunk = await self._timed(body.read(CHUNK_BYTES), self.retry.read_timeout_seconds)
                 if not chunk:
@@ -342,12 +360,26 @@ class Store:
                 raise FileNotFoundError(errno.ENOENT, "HTTP 404", redact(url))
             if r.status >= 400:
                 r.raise_for_status()
-            if ranged and r.status != 206:
-                # The whole object instead of the range: reading it by offset
-                # would mix up its bytes.
-                raise OSError(errno.EIO, f"the server answered HTTP {r.status} to a ranged "
-                                         f"request (it must serve ranges: HTTP 206)",
-                              redact(url))
+            # aiohttp decodes a Content-Encoding (gzip): the length and the
+            # range the headers give are then the encoded bytes', not ours.
+            encoded = r.headers.get("Content-Encoding", "identity").lower() not in ("identity",
+                                                                                   "")
+            if ranged:
+                if r.status != 206:
+                    # The whole object (200) instead of the range: reading it
+                    # by offset would mix up its bytes.
+                    raise BadResponse(errno.EIO, f"HTTP {r.status} to a request for bytes "
+                                                 f"{_span(lo, end)}: the server must serve "
+                                                 f"ranges (HTTP 206 with those bytes)")
+                if encoded:
+                    raise BadResponse(errno.EIO, f"a range answered with Content-Encoding "
+                                                 f"{r.headers.get('Content-Encoding')!r}: its "
+                                                 f"bytes are not the object's bytes "
+                                                 f"{_span(lo, end)}")
+                _check_range(r.headers.get("Content-Range"), lo, end, r.content_length)
+            elif r.status != 200:
+                raise BadResponse(errno.EIO, f"HTTP {r.status} to a request for the whole "
+                                             f"object (expected 200)")
             n = 0
             while True:
                 chunk = await self._timed(r.content.read(CHUNK_BYTES),
@@ -356,7 +388,7 @@ class Store:
                     break
                 n += len(chunk)
                 take(chunk)
-            return n, r.content_length
+            return n, None if encoded else r.content_length
         finally:
             r.release()
 
@@ -368,3 +400,28 @@ class Store:
                                  self.retry.deadline_seconds)
         take(data)
         return len(data), None
+
+
+_CONTENT_RANGE = re.compile(r"\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*", re.IGNORECASE)
+
+
+def _span(lo, end):
+    return f"{lo}-" if end is None else f"{lo}-{end - 1}"
+
+
+def _check_range(header, lo, end, length):
+    """BadResponse unless the Content-Range ``header`` of a 206 is the range asked
+    (``[lo, end)``; ``end`` None: to the object's end) and ``length`` (the
+    Content-Length, None where not given) its size."""
+    m = _CONTENT_RANGE.fullmatch(header or "")
+    if m is None:
+        raise BadResponse(errno.EIO, f"a 206 for bytes {_span(lo, end)} with Content-Range "
+                                     f"{header!r} (expected 'bytes {_span(lo, end)}/SIZE')")
+    first, last, total = int(m.group(1)), int(m.group(2)), m.group(3)
+    want_last = (int(total) - 1 if total != "*" else last) if end is None else end - 1
+    if first != lo or last != want_last:
+        raise BadResponse(errno.EIO, f"a 206 for bytes {first}-{last} where bytes "
+                                     f"{_span(lo, end)} were asked")
+    if length is not None and int(length) != last - first + 1:
+        raise BadResponse(errno.EIO, f"a 206 for bytes {first}-{last} ({last - first + 1} "
+                                     f"bytes) with Content-Length {length}")

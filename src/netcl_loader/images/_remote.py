@@ -362,6 +362,12 @@ def remote_shards(names, storage_options, retry, cache_dir, cache_bytes, window,
     urls = [n for n, r in zip(names, remote) if r]
     store = store_of(urls, storage_options, retry, what, max_requests)
     infos, sidecars = infos_of(store, urls, with_sidecars=True)
+    for i in infos:
+        if i.size < 0:
+            # A shard is read by offset, in ranges: it needs a size.
+            raise ValueError(f"{what}: the store gives no size for the shard {redact(i.url)} "
+                             f"(no Content-Length, or a Content-Encoding such as gzip); serve "
+                             f"tar shards as they are, with their length and byte ranges")
     sizes = [i.size for i in infos]
     biggest = max(sizes)
     w = min(window, len(urls))
@@ -443,14 +449,20 @@ def remote_files(names, remote, storage_options, retry, cache_dir, cache_bytes, 
         infos, _ = infos_of(store, urls, with_sidecars=False)
     sizes = np.full(len(remote), -1, np.int64)
     sizes[remote] = [i.size for i in infos]
+    # Files whose size the store does not give (no Content-Length, a gzip
+    # Content-Encoding) are sized when they arrive: the bound and its default
+    # count only the sizes known, never the -1 that stands for "unknown".
     listed = np.sort(sizes[remote])
+    unknown = int((listed < 0).sum())
+    listed = listed[listed >= 0]
     total = int(listed.sum())
-    need = int(listed[-MIN_CACHED_FILES:].sum())
+    need = int(listed[-MIN_CACHED_FILES:].sum()) if len(listed) else 0
     held = min(MIN_CACHED_FILES, len(listed))
     need_text = (f"a batch of up to {MIN_CACHED_FILES} files must fit, and the largest "
-                 f"{held} of the {len(listed)} files are {need} bytes (all are {total} bytes)")
-    cache = make_cache(cache_dir, cache_bytes, need, max(need, min(total, FILES_CACHE_BYTES)),
-                       what, need_text)
+                 f"{held} of the {len(listed)} files of known size are {need} bytes (all are "
+                 f"{total} bytes)")
+    want = FILES_CACHE_BYTES if unknown else min(total, FILES_CACHE_BYTES)
+    cache = make_cache(cache_dir, cache_bytes, need, max(need, want), what, need_text)
     versions, etags = [None] * len(remote), [None] * len(remote)
     for u, info in zip(np.flatnonzero(remote).tolist(), infos):
         versions[u] = info.version
