@@ -974,3 +974,25 @@ def test_a_subset_of_remote_shards_is_fetched_ahead_under_a_small_bound(
         got = batches(b)
         assert b.stats.requests > 0 and b.stats.peak_cache_bytes <= 4 * shard
     assert_same(want, got)
+
+
+@needs_weed
+def test_the_smallest_cache_bound_accepted_never_stalls(photos, s3, tmp_path):
+    # shuffle_window=1 and prefetch_shards=0: batches of 4 over shards of 6
+    # samples read two shards at once.  The smallest cache_bytes the
+    # constructor accepts must hold them (it accepted one shard, and the
+    # first straddling batch stalled for 60 s, then failed).
+    kw = dict(crop=CROP, shuffle_window=1, prefetch_shards=0, cache_dir=tmp_path / "cache",
+              storage_options=s3.storage_options(), retry=FAST)
+    with pytest.raises(ValueError, match=r"give cache_bytes >= \d+") as e:
+        TarImages(s3_pattern(s3, 8), cache_bytes=1, **kw)
+    smallest = int(str(e.value).rsplit(">= ", 1)[1].split()[0].rstrip(";,."))
+    assert smallest >= 2 * max(os.path.getsize(p) for p in photos["shards"])
+    assert "the start of the next" in str(e.value)
+    remote = TarImages(s3_pattern(s3, 8), cache_bytes=smallest, **kw)
+    local = TarImages(photos["shards"], crop=CROP, shuffle_window=1)
+    lk = dict(batch_size=4, shuffle=True, seed=3, num_workers=0)
+    with DataLoader(local, **lk) as a, DataLoader(remote, **lk) as b:
+        for _ in range(2):
+            assert_same(batches(b), batches(a))
+        assert b.stats.peak_cache_bytes <= smallest

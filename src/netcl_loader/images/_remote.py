@@ -372,10 +372,19 @@ def remote_shards(names, storage_options, retry, cache_dir, cache_bytes, window,
     biggest = max(sizes)
     w = min(window, len(urls))
     p = min(window if prefetch is None else prefetch, len(urls) - w)
-    need = (w + p) * biggest
+    # One batch reads the end of one window and the start of the next: up to
+    # 2 * w shards at once, whatever the prefetch.  The gate hands a batch out
+    # only once all it reads is in the cache, so an accepted bound holds them.
+    straddle = min(2 * w, len(urls)) - (w + p)
+    straddle = max(0, straddle)
+    need = (w + p + straddle) * biggest
     need_text = (f"the window of {w} shards needs {w * biggest} bytes and the prefetch of {p} "
-                 f"shards {p * biggest} bytes (the largest shard is {biggest} bytes); or "
-                 f"lower shuffle_window or prefetch_shards")
+                 f"shards {p * biggest} bytes"
+                 + (f", and {straddle} more shards ({straddle * biggest} bytes) for a batch "
+                    f"that reads the end of one window and the start of the next"
+                    if straddle else "")
+                 + f" (the largest shard is {biggest} bytes); or lower shuffle_window or "
+                   f"prefetch_shards")
     cache = make_cache(cache_dir, cache_bytes, need, max(need, sum(sizes)), what, need_text)
     indexes = remote_indexes(store, infos, sidecars, cache, what)
     it = iter(zip(infos, indexes))
