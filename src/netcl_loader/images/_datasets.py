@@ -789,9 +789,10 @@ class TarImages(_ImageDataset):
         machine sharing the folder share its bound.
     cache_bytes : int, optional
         The bound of the cache, never exceeded (a shard being fetched counts
-        in full).  It must hold the window and the prefetch: ``(window +
-        prefetch_shards)`` times the largest shard, or it is a ValueError
-        naming both sizes.  None: all remote shards' bytes, at most half the
+        in full).  It must hold the window and the prefetch, and every shard one
+        batch can straddle: ``max(window + prefetch_shards, 2 * window)``
+        times the largest shard (a batch may read the end of one window and
+        the start of the next), or it is a ValueError naming the sizes.  None: all remote shards' bytes, at most half the
         free space of the cache's disk, at least the window and the prefetch.
     storage_options : dict, optional
         The filesystem's options (fsspec's): ``{"endpoint_url": ...}`` for an
