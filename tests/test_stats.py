@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from netcl_loader import ArrayDataset, DataLoader, LoaderStats, WorkerError
+from netcl_loader._stats import judge
 
 N = 50
 BATCH = 8
@@ -95,12 +96,15 @@ def test_wait_share_tells_who_is_the_bottleneck(workers):
         assert "the training step is the bottleneck" in loader.stats.summary()
 
 
-def test_summary_is_one_line_with_the_waited_share_in_percent():
+def test_summary_is_a_few_short_lines_with_the_waited_share_in_percent():
+    """The summary used to be one line of 700-900 characters: now a few lines a
+    person reads at a glance, none over 100 characters."""
     with DataLoader(_dataset(), batch_size=BATCH, seed=0, num_workers=2) as loader:
         list(loader)
         s = loader.stats
         line = s.summary()
-    assert "\n" not in line
+    lines = line.split("\n")
+    assert 2 <= len(lines) <= 10 and all(len(x) <= 100 for x in lines), line
     assert str(s) == line
     m = re.search(r"waited ([\d.]+) s of ([\d.]+) s \(([\d.]+)%", line)
     assert m, line
@@ -547,7 +551,81 @@ def test_report_has_the_stage_worker_and_epoch_tables():
         text = loader.stats.report()
         r = repr(loader.stats)
     lines = text.splitlines()
-    assert lines[0] == loader.stats.summary()
+    summary = loader.stats.summary().split("\n")
+    assert lines[:len(summary)] == summary
     assert any(line.startswith("fetch ") for line in lines)
     assert any(line.split()[:2] == ["0", "7"] for line in lines)  # epoch 0: 7 batches
     assert r.startswith("LoaderStats(batches=14, samples=100, epochs=2")
+
+
+# -- the verdict on figures made up for the purpose (no timers) --------------------------
+
+def _figures(**kw):
+    """Figures of a loader-bound loop: 2 workers saturated on 2 CPUs, fetch the cost."""
+    f = {"batches_measured": 100, "loader_fraction": 0.6, "wait_fraction": 0.58,
+         "num_workers": 2, "prefetch": 4, "cpus": 2, "cpus_machine": 2, "load_average": 1.5,
+         "worker_busy_fraction": 0.95, "worker_seconds_per_batch": 0.458,
+         "step_seconds_per_batch": 0.01, "main_seconds_per_batch": 0.001,
+         "main_exceeds_wait": False, "decode_median_seconds": 0.0005,
+         "upload_median_seconds": 0.0,
+         "stage_median_seconds": {"fetch": 0.45, "collate": 0.005, "transforms": 0.0,
+                                  "write": 0.003},
+         "piped_fraction": 0.0, "network_wait_fraction": 0.0, "bytes_fetched": 0,
+         "requests": 0, "retries": 0, "worker_cpu_fraction": 0.97,
+         "worker_run_queue_fraction": 0.02}
+    f.update(kw)
+    return f
+
+
+def test_judge_names_the_dataset_when_the_workers_computed_all_their_busy_time():
+    v = judge(_figures())
+    assert v.bottleneck == "loader"
+    assert "the dataset's own code is the cost: make fetch cheaper" in v.advice
+
+
+@pytest.mark.parametrize("figures", [
+    # The issue's case: fetch took 458 ms of wall time for 128 ms of CPU, while
+    # another program held the CPUs (the run queue says so).
+    {"worker_cpu_fraction": 128 / 458, "worker_run_queue_fraction": 0.6},
+    # Without a run-queue figure, a load average above the CPUs says the same.
+    {"worker_cpu_fraction": 128 / 458, "worker_run_queue_fraction": None, "load_average": 5.0},
+    # A run queue that held the workers, whatever the CPU share read.
+    {"worker_cpu_fraction": 0.9, "worker_run_queue_fraction": 0.4},
+])
+def test_judge_says_the_cpus_are_shared_instead_of_blaming_the_dataset(figures):
+    v = judge(_figures(**figures))
+    assert v.bottleneck == "loader"
+    assert "the CPUs are shared with other processes" in v.advice
+    assert "own code is the cost" not in str(v)
+
+
+def test_judge_says_io_when_the_workers_wait_without_a_crowded_cpu():
+    v = judge(_figures(worker_cpu_fraction=0.2, worker_run_queue_fraction=0.01))
+    assert "waited on I/O" in v.reason and "more workers than CPUs may help" in v.advice
+    assert "own code is the cost" not in str(v)
+
+
+@pytest.mark.parametrize("workers, cpus", [(1, 2), (2, 2), (4, 2), (8, 4), (3, 8)])
+@pytest.mark.parametrize("load", [0.5, 9.0])
+def test_judge_never_advises_raising_prefetch_and_fewer_workers_at_once(workers, cpus, load):
+    """The quick start's summary advised both; each advice names one change."""
+    v = judge(_figures(num_workers=workers, cpus=cpus, cpus_machine=cpus, load_average=load,
+                       worker_busy_fraction=0.45, worker_run_queue_fraction=None,
+                       worker_cpu_fraction=None))
+    assert v.bottleneck == "loader"
+    assert not ("prefetch" in v.advice and "fewer workers" in v.advice), v.advice
+    if workers + 1 > cpus:
+        assert "fewer workers may be as fast" in v.advice
+    elif load <= cpus:
+        assert "raise prefetch (now 4)" in v.advice
+
+
+@pytest.mark.parametrize("figures", [
+    {}, {"worker_cpu_fraction": 0.2}, {"num_workers": 0}, {"loader_fraction": 0.05},
+    {"worker_busy_fraction": 0.3, "num_workers": 7, "cpus": 2},
+    {"network_wait_fraction": 0.9, "bytes_fetched": 2**30, "requests": 4000, "retries": 3},
+])
+def test_judge_writes_a_few_short_lines(figures):
+    lines = judge(_figures(**figures)).lines()
+    assert 2 <= len(lines) <= 8 and all(len(x) <= 100 for x in lines), lines
+    assert lines[-2:] != [] and any(x.lstrip().startswith("advice:") for x in lines)

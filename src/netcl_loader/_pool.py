@@ -241,6 +241,7 @@ class Pool:
             raise
         lifeline_r.close()
         boot_w.close()
+        self.stats.worker_pids = tuple(p.pid for p in self.procs)
         # Runs at close(), at collection and at interpreter exit, whichever is first.
         self._finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns, self.header,
                                            self.lifeline, os.getpid())

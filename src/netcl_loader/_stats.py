@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
@@ -32,7 +33,7 @@ import numpy as np
 
 from ._system import CpuLimits, available_cpus, cpu_limits  # noqa: F401  (also named here)
 
-__all__ = ["LoaderStats", "EpochRecord", "StageTime", "WorkerFigures", "Verdict",
+__all__ = ["LoaderStats", "EpochRecord", "StageTime", "WorkerFigures", "Verdict", "judge",
            "CpuLimits", "cpu_limits", "available_cpus", "STAGES", "WORKER_STAGES",
            "LOADER_BOUND_FRACTION", "WORKERS_SATURATED_FRACTION", "RECENT_BATCHES"]
 
@@ -72,6 +73,17 @@ WORKERS_SATURATED_FRACTION = 0.80
 #: The loop's time per batch below which its step counts as empty (a
 #: benchmark loop): the advice is then "as many workers as CPUs".
 EMPTY_STEP_SECONDS = 1e-4
+#: The workers' CPU time over their busy (wall) time below which they did not
+#: compute most of the time they were busy: they waited, for a CPU (shared
+#: with other processes) or for I/O.  Pure Python or NumPy work runs at
+#: nearly 1; the issue's case, another program holding the CPUs, was 0.28.
+CPU_SHARE_BELOW = 0.5
+#: The share of the workers' busy time spent waiting for a CPU (the kernel's
+#: run-queue delay, Linux's /proc/<pid>/schedstat) above which the CPUs count
+#: as shared: a machine to itself keeps it to a few percent.
+RUN_QUEUE_ABOVE = 0.25
+#: Width the summary's lines are wrapped to (characters).
+SUMMARY_WIDTH = 96
 
 _NS = 1e-9
 #: The raw list holds, per batch: the worker's 5 times (fetch, collate,
@@ -182,8 +194,19 @@ class Verdict:
     advice: str
     figures: dict = field(default_factory=dict)
 
+    def lines(self, width=SUMMARY_WIDTH):
+        """The verdict as a few short lines: the headline with the share, each figure
+        behind it, then the advice (each line at most ``width`` characters)."""
+        first, *rest = self.reason.split("; ")
+        out = textwrap.wrap(f"{self.headline}: {first}", width, subsequent_indent="    ")
+        for part in rest:
+            out += textwrap.wrap(part, width, initial_indent="  ", subsequent_indent="    ")
+        out += textwrap.wrap(f"advice: {self.advice}", width, initial_indent="  ",
+                             subsequent_indent="    ")
+        return out
+
     def __str__(self):
-        return f"{self.headline}: {self.reason}; {self.advice}"
+        return "\n".join(self.lines())
 
 
 def _pct(x):
@@ -273,6 +296,9 @@ class LoaderStats:
     network_wait_seconds: float = 0.0  # waited for data from the store
 
     def __post_init__(self):
+        # The live workers' pids (set by the pool): their CPU and run-queue
+        # times tell the verdict whether their busy time was computing.
+        self.worker_pids = ()
         self._clear()
 
     def _clear(self):
@@ -602,119 +628,60 @@ class LoaderStats:
 
     @property
     def verdict(self):
-        """:class:`Verdict`: which side limits throughput, by how much, what to change."""
+        """:class:`Verdict`: which side limits throughput, by how much, what to change.
+
+        The figures are measured here; :func:`judge` turns them into the verdict.
+        """
         rows = self._steady()
         n = len(rows["wall"])
         if n == 0:
-            return Verdict(None, 0.0, "no batch yet", "nothing measured", "iterate the loader",
-                           {})
+            return judge({"batches_measured": 0})
         wall = float(rows["wall"].sum())
         wait = float(rows["wait"].sum())
         main = float(rows["decode"].sum() + rows["upload"].sum())
-        loader_frac = min(1.0, (wait + main) / wall) if wall > 0 else 1.0
         worker_ns = (rows["fetch_ns"] + rows["collate_ns"] + rows["transforms_ns"]
                      + rows["write_ns"])
-        stage_med = {s: float(np.median(rows[s + "_ns"])) * _NS for s in WORKER_STAGES}
-        t_worker = float(np.median(worker_ns)) * _NS
-        # The loop's own time per batch: its step (and Python around it).
-        t_loop = max(0.0, (wall - wait - main) / n)
-        t_main = main / n
         cpus = cpu_limits()
-        W = self._workers_seen()
-        busy = self.worker_busy_fraction
-        slowest = max(WORKER_STAGES, key=lambda s: stage_med[s])
-        figures = {
-            "batches_measured": n, "loader_fraction": loader_frac,
-            "wait_fraction": wait / wall if wall > 0 else 0.0,
-            "threshold": LOADER_BOUND_FRACTION, "num_workers": W, "prefetch": self.prefetch,
-            "cpus": cpus.usable, "cpus_machine": cpus.machine,
-            "worker_busy_fraction": busy, "saturated_above": WORKERS_SATURATED_FRACTION,
-            "worker_seconds_per_batch": t_worker, "step_seconds_per_batch": t_loop,
-            "main_seconds_per_batch": t_main, "slowest_stage": slowest,
-            "stage_median_seconds": stage_med,
-        }
-        share = (f"in steady state the loop spends {_pct(loader_frac)} of its time getting "
-                 f"data (waiting {_pct(figures['wait_fraction'])}; threshold "
-                 f"{_pct(LOADER_BOUND_FRACTION)})")
-        stage_text = (f"its slowest stage is {STAGE_WHAT[slowest]}, {_ms(stage_med[slowest])} "
-                      f"of {_ms(t_worker)} per batch")
-        if loader_frac <= LOADER_BOUND_FRACTION:
-            if W > 0 and busy is not None:
-                idle = (f"the loader idles {_pct(1 - busy)} of the time ({_n(W, 'worker')} "
-                        f"busy {_pct(busy)})")
-            else:
-                idle = f"the loader idles {_pct(1 - loader_frac)} of the loop's time"
-            return Verdict("step", loader_frac, "the training step is the bottleneck",
-                           f"{share}; {idle}",
-                           "nothing to change in the loader: a faster step runs faster", figures)
-        speedup = 1 / (1 - loader_frac) if loader_frac < 1 else math.inf
-        by = (f"data at once would make the loop {speedup:.1f}x faster" if speedup < 10
-              else "the loop does little besides waiting")
-        reason = f"{share}; {by}"
-        needed = t_worker / (t_loop + t_main) if t_loop + t_main > EMPTY_STEP_SECONDS else math.inf
-        figures["workers_needed"] = needed if math.isfinite(needed) else None
-        C = cpus.usable
-        if W == 0:
-            reason += f"; batches are made in this process, in series with the step; {stage_text}"
-            if C > 1:
-                want = C if not math.isfinite(needed) else max(1, min(C, math.ceil(needed)))
-                advice = (f"more workers would help: num_workers={want} makes batches in "
-                          f"parallel with the step ({_n(C, 'CPU')} usable)")
-            else:
-                advice = (f"workers cannot help on the 1 CPU this process may use: the "
-                          f"dataset's own code is the cost; make {slowest} cheaper")
-            return Verdict("loader", loader_frac, "the loader is the bottleneck", reason,
-                           advice, figures)
-        if self.network_wait_seconds > 0.5 * self.wait_seconds > 0:
-            # The batches waited for their data to come from the store, not
-            # for the workers.
-            reason += (f"; {_pct(self.network_wait_seconds / self.wait_seconds)} of the wait "
-                       f"was for data from the object store ({self.bytes_fetched / 2**20:.1f} "
-                       f"MiB in {self.requests} requests, {self.retries} retried)")
-            return Verdict("loader", loader_frac, "the network is the bottleneck", reason,
-                           "fetch with more requests in flight (the dataset's max_requests) "
-                           "or further ahead (a larger cache_bytes), from a store closer to "
-                           "this machine, or from fewer, larger shards; more workers cannot "
-                           "help", figures)
-        reason += (f"; {_n(W, 'worker')} busy {_pct(busy or 0.0)} with {_n(C, 'CPU')} usable; "
-                   f"{stage_text}")
-        if busy is not None and busy >= WORKERS_SATURATED_FRACTION:
-            if W < C:
-                want = C if not math.isfinite(needed) else min(C, max(W + 1, math.ceil(needed)))
-                advice = (f"more workers would help: {_n(W, 'worker')} saturated and this "
-                          f"process may use {_n(C, 'CPU')}; try num_workers={want}")
-            else:
-                advice = (f"more workers cannot help: {_n(W, 'worker')} already use the "
-                          f"{_n(C, 'CPU')} this process may use; "
-                          f"the dataset's own code is the cost: make {slowest} cheaper (if it "
-                          f"waits on I/O rather than computing, more workers than CPUs may "
-                          f"still help: netcl_loader.tune measures it)")
-            return Verdict("loader", loader_frac, "the loader is the bottleneck", reason,
-                           advice, figures)
-        # The loop waits although the workers idle: the cost is between them.
+        workers = self.workers
+        busy_seconds = sum(f.busy_seconds for f in workers.values() if f.worker >= 0)
+        cpu, run_queue = _cpu_of(self.worker_pids)
         batches = self.batches
-        piped = self.piped_batches / batches if batches else 0.0
-        if piped > 0.1:
-            advice = (f"{_pct(piped)} of the batches came through pipes: keep "
-                      f"use_shared_mem=True and a steady batch size, so they go through "
-                      f"the ring")
-        elif main > wait:
-            advice = (f"the main process's own work on each batch is the cost (decode "
-                      f"{_ms(float(np.median(rows['decode'])))}, upload "
-                      f"{_ms(float(np.median(rows['upload'])))} per batch): zero_copy=True "
-                      f"avoids a copy")
-        else:
-            pf = f" (now {self.prefetch})" if self.prefetch is not None else ""
-            load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-            crowd = (f"; {_n(W, 'worker')} and this process share {_n(C, 'CPU')}, so each "
-                     f"hand-over waits for a CPU: fewer workers may be as fast"
-                     if W + 1 > C else "")
-            advice = (f"the workers idle while the loop waits: too few batches in flight, "
-                      f"raise prefetch{pf}; or other processes compete for the CPUs (load "
-                      f"average {load:.1f} on {cpus.machine} CPUs){crowd}; netcl_loader.tune "
-                      f"measures each setting")
-        return Verdict("loader", loader_frac, "the loader is the bottleneck", reason, advice,
-                       figures)
+        figures = {
+            "batches_measured": n,
+            "loader_fraction": min(1.0, (wait + main) / wall) if wall > 0 else 1.0,
+            "wait_fraction": wait / wall if wall > 0 else 0.0,
+            "num_workers": self._workers_seen(), "prefetch": self.prefetch,
+            "cpus": cpus.usable, "cpus_machine": cpus.machine,
+            "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+            "worker_busy_fraction": self.worker_busy_fraction,
+            "worker_seconds_per_batch": float(np.median(worker_ns)) * _NS,
+            # The loop's own time per batch: its step (and Python around it).
+            "step_seconds_per_batch": max(0.0, (wall - wait - main) / n),
+            "main_seconds_per_batch": main / n,
+            "main_exceeds_wait": main > wait,
+            "decode_median_seconds": float(np.median(rows["decode"])),
+            "upload_median_seconds": float(np.median(rows["upload"])),
+            "stage_median_seconds": {s: float(np.median(rows[s + "_ns"])) * _NS
+                                     for s in WORKER_STAGES},
+            "piped_fraction": self.piped_batches / batches if batches else 0.0,
+            "network_wait_fraction": (self.network_wait_seconds / self.wait_seconds
+                                      if self.wait_seconds > 0 else 0.0),
+            "bytes_fetched": self.bytes_fetched, "requests": self.requests,
+            "retries": self.retries,
+            "worker_cpu_fraction": None, "worker_run_queue_fraction": None,
+        }
+        if cpu is not None and busy_seconds > 0:
+            # The workers' CPU time against the time they were busy.  The CPU
+            # counters are cumulative over the workers' life: over a window
+            # shorter than it the share reads high (never a false "waited").
+            # Their run-queue time (waiting for a CPU) in the same proportion to
+            # their CPU time as over their life.
+            share = min(1.0, cpu / busy_seconds)
+            figures["worker_cpu_fraction"] = share
+            if run_queue is not None:
+                figures["worker_run_queue_fraction"] = (
+                    min(1.0, share * run_queue / cpu) if cpu > 0 else 1.0)
+        return judge(figures)
 
     # -- output ---------------------------------------------------------------------
     def as_dict(self):
@@ -737,20 +704,22 @@ class LoaderStats:
         return _plain(d)
 
     def summary(self):
-        """One line for humans: counts, the waited share and the verdict with its advice."""
+        """A few short lines for humans: the verdict, the figures behind it, the advice,
+        then the counts (each line at most :data:`SUMMARY_WIDTH` characters)."""
         v = self.verdict
-        verdict = str(v) if v.bottleneck is not None else "no batch yet"
-        return (f"{self.batches} batches ({self.samples} samples) in {self.epochs} epochs; "
-                f"waited {self.wait_seconds:.3f} s of {self.wall_seconds:.3f} s "
-                f"({100 * self.wait_fraction:.1f}%: {verdict}); ring {self.ring_slots} slots, "
-                f"{self.ring_bytes / 2**20:.1f} MiB; {self.piped_batches} piped; "
-                f"{self.uploads} uploads, {self.upload_fallbacks} fallbacks; "
-                f"{self.worker_restarts} worker restarts"
-                + (f"; {self.skipped} samples skipped" if self.skipped else ""))
+        lines = v.lines() if v.bottleneck is not None else ["no batch yet"]
+        lines.append(f"{self.batches} batches ({self.samples} samples) in {self.epochs} "
+                     f"epochs; waited {self.wait_seconds:.3f} s of {self.wall_seconds:.3f} s "
+                     f"({100 * self.wait_fraction:.1f}%)")
+        lines.append(f"ring {self.ring_slots} slots, {self.ring_bytes / 2**20:.1f} MiB; "
+                     f"{self.piped_batches} piped; {self.uploads} uploads, "
+                     f"{self.upload_fallbacks} fallbacks; {self.worker_restarts} worker restarts"
+                     + (f"; {self.skipped} samples skipped" if self.skipped else ""))
+        return "\n".join(lines)
 
     def report(self):
         """A few lines for humans: the verdict, per-stage and per-worker tables, epochs."""
-        lines = [self.summary(), "",
+        lines = [*self.summary().split("\n"), "",
                  f"{'stage':<11} {'total s':>9} {'median ms':>10} {'p95 ms':>9}"]
         for name, s in self.stages.items():
             lines.append(f"{name:<11} {s.total_seconds:>9.3f} {1e3 * s.median_seconds:>10.3f} "
@@ -855,6 +824,164 @@ class LoaderStats:
             "ring_bytes", "piped_batches", "uploads", "upload_fallbacks", "worker_restarts",
             "skipped"))
         return f"LoaderStats({counts})"
+
+
+def _cpu_of(pids):
+    """``(cpu seconds, run-queue seconds)`` summed over the live processes ``pids``
+    (Linux's /proc/<pid>/schedstat: time on a CPU and time waiting for one);
+    ``(None, None)`` where the kernel does not say."""
+    cpu = queue = 0.0
+    seen = False
+    for pid in pids or ():
+        try:
+            with open(f"/proc/{pid}/schedstat") as f:
+                on_cpu, waiting = f.read().split()[:2]
+        except (OSError, ValueError):
+            continue
+        cpu += int(on_cpu) * _NS
+        queue += int(waiting) * _NS
+        seen = True
+    return (cpu, queue) if seen else (None, None)
+
+
+def _cpus_shared(f):
+    """Why the workers' busy time was not spent computing, or None when it was.
+
+    Their wall time far above their CPU time means they waited: a run queue
+    that held them means for a CPU (other processes share the CPUs); without
+    that figure, a load average above the CPUs says the same; otherwise the
+    wait was for I/O."""
+    cpu_share = f.get("worker_cpu_fraction")
+    queue = f.get("worker_run_queue_fraction")
+    load, machine = f.get("load_average"), f.get("cpus_machine")
+    on_load = (f", load average {load:.1f} on {machine} CPUs"
+               if load is not None and machine else "")
+    if queue is not None and queue >= RUN_QUEUE_ABOVE:
+        return ("shared", f"the workers waited for a CPU {_pct(queue)} of the time they "
+                          f"were busy{on_load}")
+    if cpu_share is not None and cpu_share < CPU_SHARE_BELOW:
+        if queue is None and load is not None and machine and load > machine:
+            return ("shared", f"the workers computed only {_pct(cpu_share)} of the time "
+                              f"they were busy{on_load}")
+        return ("io", f"the workers computed only {_pct(cpu_share)} of the time they were "
+                      f"busy: the rest they waited on I/O (disk, network){on_load}")
+    return None
+
+
+def judge(f):
+    """The :class:`Verdict` of measured figures ``f`` (the dict :attr:`LoaderStats.verdict`
+    measures, which it keeps as ``figures``): a pure function, testable on
+    figures made up for the purpose.
+
+    Keys: ``batches_measured``, ``loader_fraction``, ``wait_fraction``,
+    ``num_workers``, ``prefetch``, ``cpus`` (usable), ``cpus_machine``,
+    ``load_average``, ``worker_busy_fraction``, ``worker_seconds_per_batch``,
+    ``step_seconds_per_batch``, ``main_seconds_per_batch``,
+    ``main_exceeds_wait``, ``decode_median_seconds``, ``upload_median_seconds``,
+    ``stage_median_seconds`` (per worker stage), ``piped_fraction``,
+    ``network_wait_fraction``, ``bytes_fetched``, ``requests``, ``retries``,
+    ``worker_cpu_fraction`` and ``worker_run_queue_fraction`` (None: unknown).
+    Every advice names one change; none advises two that pull apart.
+    """
+    f = dict(f)
+    if not f.get("batches_measured"):
+        return Verdict(None, 0.0, "no batch yet", "nothing measured", "iterate the loader", {})
+    loader_frac = f["loader_fraction"]
+    W, C = f["num_workers"], f["cpus"]
+    busy = f.get("worker_busy_fraction")
+    stage_med = f["stage_median_seconds"]
+    slowest = max(WORKER_STAGES, key=lambda s: stage_med[s])
+    t_worker, t_loop, t_main = (f["worker_seconds_per_batch"], f["step_seconds_per_batch"],
+                                f["main_seconds_per_batch"])
+    f.update(threshold=LOADER_BOUND_FRACTION, saturated_above=WORKERS_SATURATED_FRACTION,
+             slowest_stage=slowest)
+    share = (f"{_pct(loader_frac)} of the loop's time goes to getting data (threshold "
+             f"{_pct(LOADER_BOUND_FRACTION)})")
+    stage_text = (f"slowest stage is {slowest}, {_ms(stage_med[slowest])} of "
+                  f"{_ms(t_worker)} per batch")
+    if loader_frac <= LOADER_BOUND_FRACTION:
+        if W > 0 and busy is not None:
+            idle = (f"the loader idles {_pct(1 - busy)} of the time ({_n(W, 'worker')} "
+                    f"busy {_pct(busy)})")
+        else:
+            idle = f"the loader idles {_pct(1 - loader_frac)} of the loop's time"
+        return Verdict("step", loader_frac, "the training step is the bottleneck",
+                       f"{share}; {idle}",
+                       "nothing to change in the loader: a faster step runs faster", f)
+    speedup = 1 / (1 - loader_frac) if loader_frac < 1 else math.inf
+    by = (f"data at once would make the loop {speedup:.1f}x faster" if speedup < 10
+          else "the loop does little besides waiting")
+    reasons = [share, by]
+    needed = t_worker / (t_loop + t_main) if t_loop + t_main > EMPTY_STEP_SECONDS else math.inf
+    f["workers_needed"] = needed if math.isfinite(needed) else None
+
+    def verdict(advice, headline="the loader is the bottleneck"):
+        return Verdict("loader", loader_frac, headline, "; ".join(reasons), advice, f)
+
+    if W == 0:
+        reasons += ["batches are made in this process, in series with the step", stage_text]
+        if C > 1:
+            want = C if not math.isfinite(needed) else max(1, min(C, math.ceil(needed)))
+            return verdict(f"more workers would help: num_workers={want} makes batches in "
+                           f"parallel with the step ({_n(C, 'CPU')} usable)")
+        return verdict(f"workers cannot help on the 1 CPU this process may use: make "
+                       f"{slowest} cheaper")
+    if f.get("network_wait_fraction", 0.0) > 0.5:
+        # The batches waited for their data to come from the store, not for the workers.
+        reasons.append(f"{_pct(f['network_wait_fraction'])} of the wait was for data from "
+                       f"the object store ({f['bytes_fetched'] / 2**20:.1f} MiB in "
+                       f"{f['requests']} requests, {f['retries']} retried)")
+        return verdict("fetch with more requests in flight (the dataset's max_requests) or "
+                       "further ahead (a larger cache_bytes), from a store closer to this "
+                       "machine, or from fewer, larger shards; more workers cannot help",
+                       "the network is the bottleneck")
+    reasons += [f"{_n(W, 'worker')} busy {_pct(busy or 0.0)} on {_n(C, 'usable CPU')}",
+                stage_text]
+    waited = _cpus_shared(f)
+    if busy is not None and busy >= WORKERS_SATURATED_FRACTION:
+        if waited is not None:
+            kind, why = waited
+            reasons.append(why)
+            if kind == "shared":
+                # Not the dataset's code: its wall time holds the wait for a CPU.
+                return verdict(f"more workers cannot help: the CPUs are shared with other "
+                               f"processes, and {slowest}'s time holds waits for a CPU; free "
+                               f"the CPUs (or use fewer workers), and only if it stays slow, "
+                               f"make {slowest} cheaper")
+            if W >= C:
+                return verdict("more workers than CPUs may help, as the workers wait on "
+                               "I/O: netcl_loader.tune measures it")
+        if W < C:
+            want = C if not math.isfinite(needed) else min(C, max(W + 1, math.ceil(needed)))
+            return verdict(f"more workers would help: {_n(W, 'worker')} saturated and "
+                           f"this process may use {_n(C, 'CPU')}; try num_workers={want}")
+        return verdict(f"more workers cannot help: {_n(W, 'worker')} already use the "
+                       f"{_n(C, 'CPU')} this process may use; the dataset's own code is the "
+                       f"cost: make {slowest} cheaper")
+    # The loop waits although the workers idle: the cost is between them.  One
+    # advice only: a ring too shallow and workers too many pull apart.
+    if f.get("piped_fraction", 0.0) > 0.1:
+        return verdict(f"{_pct(f['piped_fraction'])} of the batches came through pipes: "
+                       f"keep use_shared_mem=True and a steady batch size, so they go "
+                       f"through the ring")
+    if f.get("main_exceeds_wait"):
+        return verdict(f"the main process's own work on each batch is the cost (decode "
+                       f"{_ms(f['decode_median_seconds'])}, upload "
+                       f"{_ms(f['upload_median_seconds'])} per batch): zero_copy=True "
+                       f"avoids a copy")
+    if W + 1 > C:
+        # Each hand-over between a worker and this process waits for a CPU:
+        # more batches in flight cannot help that.
+        return verdict(f"{_n(W, 'worker')} and this process share {_n(C, 'CPU')}: each "
+                       f"hand-over waits for a CPU; fewer workers may be as fast "
+                       f"(netcl_loader.tune measures it)")
+    if waited is not None and waited[0] == "shared":
+        reasons.append(waited[1])
+        return verdict("other processes compete for the CPUs: free them; netcl_loader.tune "
+                       "measures each setting")
+    pf = f" (now {f['prefetch']})" if f.get("prefetch") is not None else ""
+    return verdict(f"the workers idle while the loop waits: too few batches in flight; "
+                   f"raise prefetch{pf}")
 
 
 def _plain(x):
