@@ -329,14 +329,35 @@ static inline void netcl_resize_vrow(const netcl_resize_axis *y, int i, const ui
  * module (the header is compiled into each). */
 static int netcl_resize_simd_allowed = 1;
 
+#if NETCL_RESIZE_X86
+#include <cpuid.h>
+/* Whether the CPU and the OS support AVX2, read with CPUID (and XGETBV: the
+ * OS must save the YMM registers), not with __builtin_cpu_supports, whose CPU
+ * model depends on the runtime: clang's compiler-rt, as linked into the
+ * wheel's modules, left it reading "no AVX2" on CPUs that have it. Cached:
+ * 1 or 0 once known. */
+static int netcl_resize_cpu_avx2 = -1;
+
+static inline int netcl_resize_cpu_has_avx2(void) {
+    if (netcl_resize_cpu_avx2 < 0) {
+        unsigned a, b, c, d, lo, hi;
+        int yes = 0;
+        if (__get_cpuid(1, &a, &b, &c, &d) && (c & bit_OSXSAVE) && (c & bit_AVX)) {
+            __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+            if ((lo & 6) == 6 && __get_cpuid_max(0, 0) >= 7) {
+                __cpuid_count(7, 0, a, b, c, d);
+                yes = (b & bit_AVX2) != 0;
+            }
+        }
+        netcl_resize_cpu_avx2 = yes;   /* a benign race: every thread writes the same */
+    }
+    return netcl_resize_cpu_avx2;
+}
+#endif
+
 static inline int netcl_resize_have_avx2(void) {
 #if NETCL_RESIZE_X86
-    /* __builtin_cpu_supports reads a CPU model that libgcc fills in from a
-     * constructor, but other runtimes (clang's compiler-rt, as linked into a
-     * shared module by the wheel's build) leave it zeroed until
-     * __builtin_cpu_init runs: without this call AVX2 reads as absent. */
-    __builtin_cpu_init();
-    return netcl_resize_simd_allowed && __builtin_cpu_supports("avx2");
+    return netcl_resize_simd_allowed && netcl_resize_cpu_has_avx2();
 #else
     return 0;
 #endif

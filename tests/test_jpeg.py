@@ -629,9 +629,9 @@ def cpu_flags():
 def test_the_vector_paths_are_taken_where_the_cpu_has_avx2():
     """Both modules resize with AVX2 where the CPU has it: the run-time check
     must see the CPU as it is whatever compiler and runtime built the module
-    (the wheel's clang left it reading "no AVX2" until the check initialised
-    the CPU model itself), or the comparison above passes without any vector
-    code."""
+    (with __builtin_cpu_supports, the wheel's clang-built modules read "no
+    AVX2" on CPUs that have it), or the comparison above passes without any
+    vector code."""
     if "avx2" not in cpu_flags():
         pytest.skip("this CPU has no AVX2 (or /proc/cpuinfo is not readable): only the "
                     "scalar paths exist here")
