@@ -218,3 +218,103 @@ def test_a_correct_origin_still_serves_ranges(tmp_path):
         assert whole == OBJECT
     assert np.frombuffer(whole, np.uint8).size == len(OBJECT)
     assert DataLoader is not None and ImageFiles is not None
+
+
+# --------------------------------------------------------------------------
+# The cache belongs to its user
+
+
+def test_the_default_cache_folder_is_the_users_own(tmp_path, monkeypatch):
+    from netcl_loader._cache import default_cache_dir
+    monkeypatch.delenv("NETCL_LOADER_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == str(tmp_path / "xdg" / "netcl_loader")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert default_cache_dir() == os.path.join(os.path.expanduser("~"), ".cache",
+                                               "netcl_loader")
+
+
+def test_a_cache_made_by_the_loader_is_private(jpegs, tmp_path, monkeypatch):
+    monkeypatch.delenv("NETCL_LOADER_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    with FaultHTTP(jpegs) as srv:
+        ds = ImageFiles([srv.url + n for n in sorted(jpegs)[:4]], [0, 1, 2, 3], crop=CROP,
+                        retry=FAST)
+        for _ in DataLoader(ds, batch_size=2):
+            pass
+    folder = tmp_path / "xdg" / "netcl_loader"
+    assert ds._units.cache.folder == str(folder)
+    for sub in (folder, folder / "data", folder / "index"):
+        assert (os.stat(sub).st_mode & 0o777) == 0o700, sub
+
+
+def test_a_cache_dir_others_can_write_or_that_is_a_file_is_refused(jpegs, tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    afile = tmp_path / "afile"
+    afile.write_bytes(b"x")
+    with FaultHTTP(jpegs) as srv:
+        urls = [srv.url + n for n in sorted(jpegs)[:2]]
+        with pytest.raises(ValueError, match="writable by other users") as e:
+            ImageFiles(urls, [0, 1], crop=CROP, cache_dir=shared, retry=FAST)
+        assert str(shared) in str(e.value) and "ImageFiles" in str(e.value)
+        with pytest.raises(ValueError, match="is a file, not a folder") as e:
+            ImageFiles(urls, [0, 1], crop=CROP, cache_dir=afile, retry=FAST)
+        assert str(afile) in str(e.value)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs a folder owned by another user (root "
+                                               "makes one)")
+def test_a_cache_dir_of_another_user_is_refused(jpegs, tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 65534, 65534)
+    with FaultHTTP(jpegs) as srv:
+        with pytest.raises(ValueError, match="belongs to another user") as e:
+            ImageFiles([srv.url + sorted(jpegs)[0]], [0], crop=CROP, cache_dir=theirs,
+                       retry=FAST)
+    assert str(theirs) in str(e.value)
+
+
+def _can_mount_tmpfs():
+    import shutil
+    if shutil.which("unshare") is None:
+        return False
+    r = subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=1m none /mnt"],
+                       capture_output=True)
+    return r.returncode == 0
+
+
+def test_a_full_cache_disk_is_an_error_naming_the_folder_and_bytes(tmp_path):
+    # A real full disk: a 1 MiB tmpfs in a mount namespace of the child's own.
+    # The index pass of a 2 MiB shard reserves its bytes in the cache first:
+    # the reservation fails, naming the folder and the bytes (it was a sparse
+    # file, and a bare "[Errno 28] No space left on device" from a write).
+    if not _can_mount_tmpfs():
+        pytest.skip("no user and mount namespaces here to make a small disk in")
+    blob = os.urandom(2 << 20)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for name, data in (("a.bin", blob), ("a.cls", b"0")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    code = f"""
+        from netcl_loader.images import TarImages, Retry
+        try:
+            TarImages("URL/s.tar", cache_dir={str(disk / "cache")!r}, cache_bytes=64 << 20,
+                      retry=Retry(attempts=2, deadline_seconds=20))
+        except OSError as exc:
+            print("error:", exc)
+        """
+    with FaultHTTP({"/s.tar": buf.getvalue()}) as srv:
+        code = textwrap.dedent(code).replace("URL", srv.url)
+        r = subprocess.run(["unshare", "-rm", "sh", "-c",
+                            f"mount -t tmpfs -o size=1m none {disk} && exec \"$0\" -c \"$1\"",
+                            sys.executable, code], capture_output=True, text=True,
+                           timeout=HANG_SECONDS)
+    assert "error:" in r.stdout, r.stdout + r.stderr[-3000:]
+    assert str(disk / "cache") in r.stdout and f"reserve {len(buf.getvalue())} bytes" in r.stdout

@@ -7,7 +7,7 @@ import hashlib
 import itertools
 import os
 import shutil
-import tempfile
+import stat
 import threading
 import time
 
@@ -25,8 +25,39 @@ _LEDGER_BYTES = 8
 
 
 def default_cache_dir():
-    """``$NETCL_LOADER_CACHE``, else ``netcl_loader-cache`` in the system's temporary folder."""
-    return os.environ.get(CACHE_ENV) or os.path.join(tempfile.gettempdir(), "netcl_loader-cache")
+    """``$NETCL_LOADER_CACHE``, else ``netcl_loader`` in the user's cache folder
+    (``$XDG_CACHE_HOME``, else ``~/.cache``).  Not the shared temporary folder:
+    whoever can write the cache chooses the bytes that become training data,
+    and a fixed name there can be made first by another user."""
+    if os.environ.get(CACHE_ENV):
+        return os.environ[CACHE_ENV]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "netcl_loader")
+
+
+def _own_folder(path, what="cache_dir"):
+    """Make ``path`` (mode 0700) if missing and check that it is a folder of this
+    user that no other user can write; a ValueError naming it otherwise."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{what} {path!r} is a file, not a folder: give a folder (it is "
+                         f"created if missing)")
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.stat(path)
+    except OSError as exc:
+        raise ValueError(f"{what} {path!r} cannot be made: {exc.strerror}") from None
+    if hasattr(os, "geteuid"):
+        if st.st_uid != os.geteuid():
+            raise ValueError(f"{what} {path!r} belongs to another user (uid {st.st_uid}): "
+                             f"whoever can write the cache chooses the bytes read as training "
+                             f"data; give a folder of your own")
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise ValueError(f"{what} {path!r} is writable by other users (mode "
+                             f"{stat.S_IMODE(st.st_mode):o}): whoever can write the cache "
+                             f"chooses the bytes read as training data; chmod go-w it, or "
+                             f"give a folder of your own")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"{what} {path!r} is not writable")
 
 
 def entry_key(url, version):
@@ -82,14 +113,9 @@ class Cache:
         self.bound = int(bound)
         self.data = os.path.join(self.folder, "data")
         self.index_dir = os.path.join(self.folder, "index")
-        try:
-            os.makedirs(self.data, exist_ok=True)
-            os.makedirs(self.index_dir, exist_ok=True)
-        except OSError as exc:
-            raise OSError(exc.errno, f"cache_dir {self.folder!r} cannot be made: "
-                                     f"{exc.strerror}") from None
-        if not os.access(self.data, os.W_OK):
-            raise PermissionError(errno.EACCES, f"cache_dir {self.folder!r} is not writable")
+        _own_folder(self.folder)
+        for sub in (self.data, self.index_dir):
+            _own_folder(sub, f"cache_dir {self.folder!r}: the folder")
         self._lock_path = os.path.join(self.data, ".lock")
         self._ledger_path = os.path.join(self.data, ".ledger")
         self.peak = 0
@@ -196,7 +222,18 @@ class Cache:
             out = os.open(part, os.O_RDWR | os.O_CREAT | os.O_TRUNC
                           | getattr(os, "O_CLOEXEC", 0), 0o600)
             try:
-                os.ftruncate(out, size)   # its full size now: the bound counts it
+                # Its full size now, reserved for real: the bound counts it, and
+                # a full disk is an error here, naming the folder, instead of a
+                # write failing later (a sparse file takes no space up front).
+                _reserve(out, size)
+            except OSError as exc:
+                os.close(out)
+                _unlink(part)
+                raise OSError(exc.errno, f"the cache folder {self.folder!r} cannot reserve "
+                                         f"{size} bytes for an entry ({exc.strerror}; "
+                                         f"cache_bytes={self.bound}, {used} bytes in use): "
+                                         f"free space there, or give another cache_dir or a "
+                                         f"smaller cache_bytes") from None
             except BaseException:
                 os.close(out)
                 _unlink(part)
@@ -330,6 +367,19 @@ class Part:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+def _reserve(fd, size):
+    if size <= 0:
+        return
+    if hasattr(os, "posix_fallocate"):
+        try:
+            os.posix_fallocate(fd, 0, size)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, getattr(errno, "ENOTSUP", 0)):
+                raise
+    os.ftruncate(fd, size)   # a filesystem without fallocate: its size at least
 
 
 def _unlink(path):

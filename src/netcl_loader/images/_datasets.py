@@ -503,7 +503,9 @@ class ImageFiles(_ImageDataset):
         (``READ_BUFFER_KEEP``): one grown for a larger file is dropped after it.
     cache_dir : str or os.PathLike, optional
         Where files named by URL are kept: default ``$NETCL_LOADER_CACHE``,
-        else a folder in the system's temporary folder.  Loaders and ranks of
+        else ``$XDG_CACHE_HOME/netcl_loader`` (or ``~/.cache/netcl_loader``),
+        made with mode 0700.  A folder of another user, one others can
+        write, or a file is a ValueError naming it.  Loaders and ranks of
         one machine sharing the folder share its bound.
     cache_bytes : int, optional
         The bound of the cache, never exceeded (a file being fetched counts in
@@ -784,8 +786,10 @@ class TarImages(_ImageDataset):
         dataset.  The same shards local or remote give the same batches for
         the same window.
     cache_dir : str or os.PathLike, optional
-        Where remote shards are kept: default ``$NETCL_LOADER_CACHE``, else a
-        folder in the system's temporary folder.  Loaders and ranks of one
+        Where remote shards are kept: default ``$NETCL_LOADER_CACHE``, else
+        ``$XDG_CACHE_HOME/netcl_loader`` (or ``~/.cache/netcl_loader``), made
+        with mode 0700.  A folder of another user, one others can write, or a
+        file is a ValueError naming it.  Loaders and ranks of one
         machine sharing the folder share its bound.
     cache_bytes : int, optional
         The bound of the cache, never exceeded (a shard being fetched counts

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from .._cache import Cache, default_cache_dir, entry_key
+from .._cache import Cache, _own_folder, default_cache_dir, entry_key
 from .._prefetch import BLOCK_BYTES, MAX_FILE_REQUESTS, MAX_REQUESTS, Units
 from .._retry import Retry
 from .._store import POOL_CONNECTIONS, Store
@@ -341,7 +341,7 @@ def make_cache(cache_dir, cache_bytes, need, want, what, need_text):
     if cache_bytes is not None and cache_bytes < need:
         raise ValueError(f"{what}: cache_bytes={cache_bytes} is too small: {need_text}, "
                          f"{need} bytes in all; give cache_bytes >= {need}")
-    os.makedirs(folder, exist_ok=True)
+    _own_folder(os.path.abspath(os.path.expanduser(folder)), f"{what}: cache_dir")
     if cache_bytes is None:
         free = shutil.disk_usage(folder).free
         cache_bytes = max(need, min(want, free // 2))
