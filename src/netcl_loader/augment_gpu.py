@@ -97,8 +97,8 @@ def _get_program(context, name: str, defines: tuple) -> cl.Program:
         raise RuntimeError(
             f"the OpenCL kernels of netcl_loader.augment_gpu cannot be built on "
             f"{_opencl.device_label(device)}: {_opencl.short_log(exc)}. Remedy: "
-            f"{_opencl.remedy(unusable)}; netcl_loader._opencl.usable_devices() lists the "
-            f"devices that build") from exc
+            f"{_opencl.remedy(unusable)}; netcl_loader.opencl.usable_queue() gives a queue "
+            f"on a device that builds") from exc
 
 
 @cl_tools.context_dependent_memoize

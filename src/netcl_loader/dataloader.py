@@ -476,7 +476,8 @@ class DataLoader:
 
         Examples
         --------
-        >>> queue = pyopencl.CommandQueue(pyopencl.create_some_context())
+        >>> from netcl_loader.opencl import usable_queue
+        >>> queue = usable_queue()   # the first device that builds a program, never a prompt
         >>> loader.bind_queue(queue)
         >>> for x, y in loader:      # x: pyopencl.array.Array (float32), y: numpy
         ...     step(x, y)           # kernels on `queue` wait for x's copy by itself
