@@ -133,8 +133,8 @@ class FaultHTTP:
 
         self.server = _Server((HOST, 0), Handler)
         self.url = f"http://{HOST}:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
-                                       daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever,
+                                       kwargs={"poll_interval": 0.05}, daemon=True)
         self.thread.start()
         return self
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from images_util import encode_jpeg, photo_region
-from netcl_loader.images._readers import WIDER_ATTRIBUTES, parse_coco, parse_wider
+from netcl_loader.images._readers import (WIDER_ATTRIBUTES, parse_coco, parse_wider,
+                                          parse_wider_list)
 
 # ----------------------------------------------------------------------------- builders
 
@@ -156,6 +157,36 @@ def test_parse_wider_malformed_names_file_and_line(tmp_path, text, line, words):
         parse_wider(path)
     msg = str(err.value)
     assert path in msg and f"line {line}:" in msg and words in msg, msg
+
+
+def test_parse_wider_reads_a_file_with_a_byte_order_mark(tmp_path):
+    # Saved by an editor that writes a UTF-8 BOM: the first path is "a/b.jpg",
+    # not "\ufeffa/b.jpg" (which failed later as a missing image).
+    path = tmp_path / "wider_face_train_bbx_gt.txt"
+    path.write_bytes(b"\xef\xbb\xbfa/b.jpg\n1\n1 2 3 4 0 0 0 0 0 0\n")
+    names, boxes, _ = parse_wider(str(path))
+    assert names == ["a/b.jpg"]
+    np.testing.assert_array_equal(boxes[0], [[1, 2, 3, 4]])
+    listed = tmp_path / "wider_face_test_filelist.txt"
+    listed.write_bytes(b"\xef\xbb\xbfa/b.jpg\nc/d.jpg\n")
+    assert parse_wider_list(str(listed)) == ["a/b.jpg", "c/d.jpg"]
+
+
+@pytest.mark.parametrize("text, words", [
+    # The count says 1, two face lines follow: the second was taken for a path.
+    ("a.jpg\n1\n1 2 3 4 0 0 0 0 0 0\n5 6 7 8 0 0 0 0 0 0\nb.jpg\n0\n0 0 0 0 0 0 0 0 0 0\n",
+     "announces 1 faces, but more face lines follow"),
+    # The count says 3, two face lines follow, then the next image's path.
+    ("a.jpg\n3\n1 2 3 4 0 0 0 0 0 0\n5 6 7 8 0 0 0 0 0 0\nb.jpg\n0\n0 0 0 0 0 0 0 0 0 0\n",
+     "announces 3 faces, but only 2 face lines follow before the path 'b.jpg'"),
+])
+def test_parse_wider_a_count_that_disagrees_with_its_lines_names_the_count_line(tmp_path, text,
+                                                                               words):
+    path = _write(tmp_path, text, "wider_face_train_bbx_gt.txt")
+    with pytest.raises(ValueError) as err:
+        parse_wider(path)
+    msg = str(err.value)
+    assert path in msg and "line 2:" in msg and "'a.jpg'" in msg and words in msg, msg
 
 
 # ----------------------------------------------------------------------------- COCO

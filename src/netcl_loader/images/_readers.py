@@ -71,7 +71,9 @@ def parse_wider(gt_file):
         width or height, an ``invalid`` flag other than 0 or 1, the line of
         a zero-face image not all zeros, or the file ending inside an entry.
     """
-    with open(gt_file, "r", encoding="utf-8") as f:
+    # utf-8-sig: a file saved with a byte order mark (some editors on Windows
+    # write one) reads as without it, not as a first path starting "\ufeff".
+    with open(gt_file, "r", encoding="utf-8-sig") as f:
         lines = f.read().splitlines()
     # Trailing blank lines are tolerated (an editor's final newline); a blank
     # line anywhere else is a malformed entry.
@@ -80,10 +82,18 @@ def parse_wider(gt_file):
         end -= 1
     names, boxes, attrs = [], [], []
     i = 0
+    last = None   # (the previous image, its count line's number, its count)
     while i < end:
         name = lines[i].strip()
         if not name:
             raise _wider_error(gt_file, i + 1, "expected an image path, got a blank line")
+        if last is not None and _is_face_line(name):
+            # More face lines than the count announced: the count is wrong,
+            # not this line (which would be taken for an image's path).
+            raise _wider_error(gt_file, last[1],
+                               f"the count line of {last[0]!r} announces {last[2]} faces, but "
+                               f"more face lines follow (line {i + 1}: {name!r}); expected "
+                               f"the count to match its face lines")
         if i + 1 >= end:
             raise _wider_error(gt_file, i + 1, f"the file ends after the path {name!r}: "
                                "expected a line with its number of faces")
@@ -112,6 +122,15 @@ def parse_wider(gt_file):
                     raise ValueError
                 values[k] = [int(v) for v in fields]
             except ValueError:
+                if count > 0 and _looks_like_path(text):
+                    # Fewer face lines than the count announced: the next
+                    # image's path came where a face was expected.
+                    raise _wider_error(
+                        gt_file, i + 2,
+                        f"the count line of {name!r} announces {count} faces, but only {k} "
+                        f"face lines follow before the path {text.strip()!r} (line "
+                        f"{first + k + 1}); expected the count to match its face "
+                        f"lines") from None
                 raise _wider_error(
                     gt_file, first + k + 1,
                     f"expected a face of {name!r} as {_WIDER_FIELDS} integers "
@@ -139,13 +158,25 @@ def parse_wider(gt_file):
         names.append(name)
         boxes.append(values[:, :4].astype(np.float32))
         attrs.append(values[:, 4:].astype(np.int8))
+        last = (name, i + 2, count)
         i = first + rows
     return names, boxes, attrs
 
 
+def _is_face_line(text):
+    fields = text.split()
+    return len(fields) == _WIDER_FIELDS and all(f.lstrip("-").isdigit() for f in fields)
+
+
+def _looks_like_path(text):
+    text = text.strip()
+    return len(text.split()) == 1 and ("/" in text or "." in text) and not \
+        text.lstrip("-").isdigit()
+
+
 def parse_wider_list(list_file):
     """Image paths of WIDER FACE's ``wider_face_test_filelist.txt`` (one a line)."""
-    with open(list_file, "r", encoding="utf-8") as f:
+    with open(list_file, "r", encoding="utf-8-sig") as f:
         return [line.strip() for line in f.read().splitlines() if line.strip()]
 
 
