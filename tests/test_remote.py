@@ -996,3 +996,45 @@ def test_the_smallest_cache_bound_accepted_never_stalls(photos, s3, tmp_path):
         for _ in range(2):
             assert_same(batches(b), batches(a))
         assert b.stats.peak_cache_bytes <= smallest
+
+
+def _no_aws_credentials_env(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+               AWS_CONFIG_FILE=str(tmp_path / "none"), AWS_EC2_METADATA_DISABLED="true")
+    return env
+
+
+@needs_weed
+def test_a_store_without_credentials_points_to_anon(s3, tmp_path, monkeypatch):
+    for k in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(k)
+    for k, v in _no_aws_credentials_env(tmp_path).items():
+        if k.startswith("AWS_"):
+            monkeypatch.setenv(k, v)
+    with pytest.raises(PermissionError) as e:
+        TarImages(s3_pattern(s3, 2), crop=CROP, cache_dir=tmp_path / "cache", retry=FAST,
+                  storage_options={"endpoint_url": s3.url})
+    assert 'storage_options={"anon": True}' in str(e.value)
+    assert f"s3://{s3.bucket}/train/shard-000000.tar" in str(e.value)
+
+
+@needs_weed
+def test_the_index_command_takes_storage_options_and_anon(s3, tmp_path):
+    env = _no_aws_credentials_env(tmp_path)
+    pattern = f"s3://{s3.bucket}/train/shard-{{000000..000001}}.tar"
+    base = [sys.executable, "-m", "netcl_loader.images", "index", pattern,
+            "--endpoint-url", s3.url]
+    run = dict(capture_output=True, text=True, timeout=300, env=env)
+    bare = subprocess.run(base, **run)
+    assert bare.returncode == 1 and 'storage_options={"anon": True}' in bare.stderr, bare.stderr
+    anon = subprocess.run(base + ["--anon"], **run)   # the store refuses anonymous reads
+    assert anon.returncode == 1 and "access denied" in anon.stderr, anon.stderr
+    given = subprocess.run(base + ["--storage-option", f"key={ACCESS_KEY}",
+                                   "--storage-option", f"secret={SECRET_KEY}",
+                                   "--storage-option", "use_ssl=false"], **run)
+    assert given.returncode == 0, given.stderr
+    assert SECRET_KEY not in given.stdout + given.stderr
+    assert "indexed" in given.stdout
+    bad = subprocess.run(base + ["--storage-option", "novalue"], **run)
+    assert bad.returncode == 2 and "expected KEY=VALUE" in bad.stderr

@@ -29,6 +29,10 @@ _TRANSIENT_TYPES = frozenset({
     "ConnectionClosedError", "IncompleteReadError", "ResponseStreamingError",
     "HTTPClientError", "ProxyConnectionError", "FSTimeoutError", "Truncated", "BadResponse",
     "IncompleteRead", "RemoteDisconnected", "ProtocolError"})
+#: botocore's errors for credentials it could not find or read: a refusal by
+#: this side, before any request (never asked again).
+_NO_CREDENTIALS = frozenset({"NoCredentialsError", "PartialCredentialsError",
+                             "CredentialRetrievalError"})
 _TRANSIENT_ERRNOS = frozenset(getattr(errno, n) for n in (
     "ECONNRESET", "ECONNREFUSED", "ECONNABORTED", "ETIMEDOUT", "EPIPE", "EHOSTUNREACH",
     "ENETUNREACH", "ENETDOWN", "EBUSY", "EAGAIN") if hasattr(errno, n))
@@ -124,7 +128,7 @@ def classify(exc):
     for e in _chain(exc):
         if _parser_error(e) or isinstance(e, BadResponse):
             return "transient"
-        if isinstance(e, PermissionError):
+        if isinstance(e, PermissionError) or type(e).__name__ in _NO_CREDENTIALS:
             return "denied"
         if isinstance(e, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
             return "missing"
@@ -286,9 +290,13 @@ def permanent(kind, exc, url, scrub=str):
     if kind == "missing":
         err = FileNotFoundError(errno.ENOENT, f"no such object or bucket ({what})", url)
     elif kind == "denied":
-        err = PermissionError(errno.EACCES, f"access denied ({what}): check the credentials "
-                                            f"(storage_options or the store's usual "
-                                            f"environment variables and files)", url)
+        none = any(type(e).__name__ in _NO_CREDENTIALS for e in _chain(exc))
+        err = PermissionError(errno.EACCES,
+                              f"{'no credentials found' if none else 'access denied'} "
+                              f"({what}): check the credentials (storage_options or the "
+                              f"store's usual environment variables and files); a public "
+                              f"bucket is read without any: storage_options={{\"anon\": True}}",
+                              url)
     elif kind == "changed":
         err = ObjectChangedError(f"{url}: the object changed on the store while it was being "
                                  f"read ({what}); its bytes are not mixed with the version "

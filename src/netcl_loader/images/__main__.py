@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from .._urls import is_remote, redact
@@ -10,10 +11,11 @@ from ._remote import (SIDECAR_SUFFIX, _Progress, build_remote_index, index_npz, 
 from ._tarindex import _TarIndex
 
 
-def index(patterns, endpoint_url=None, out=sys.stdout):
+def index(patterns, endpoint_url=None, out=sys.stdout, storage_options=None):
     """Index every shard ``patterns`` name (brace ranges expanded) and write
     ``<shard>.idx.npz`` beside it.  Remote shards are read in one streaming
-    pass each, with credentials from the store's usual environment and files
+    pass each, with ``storage_options`` (fsspec's, as the datasets take them)
+    and credentials from the store's usual environment and files
     (``endpoint_url`` for an S3-compatible store).  Returns the shards indexed."""
     names = names_of(patterns, "index", "PATTERN")
     local = [n for n in names if not is_remote(n)]
@@ -22,7 +24,9 @@ def index(patterns, endpoint_url=None, out=sys.stdout):
         _TarIndex.load(shard)   # written beside the shard, where TarImages reads it
         print(f"indexed {shard}", file=out)
     if remote:
-        options = {"endpoint_url": endpoint_url} if endpoint_url else None
+        options = dict(storage_options or {})
+        if endpoint_url:
+            options["endpoint_url"] = endpoint_url
         store = store_of(remote, options, None, "index")
         infos, _ = infos_of(store, remote, with_sidecars=False)
         bar = _Progress(sum(i.size for i in infos), f"indexing {len(infos)} shards")
@@ -48,9 +52,24 @@ def main(argv=None):
                                               "(s3://bucket/train/shard-{000000..000127}.tar)")
     p.add_argument("--endpoint-url", default=None,
                    help="the endpoint of an S3-compatible store")
+    p.add_argument("--anon", action="store_true",
+                   help="read without credentials (a public bucket): storage option anon=True")
+    p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="one of the filesystem's storage options, as the datasets' "
+                        "storage_options take them; VALUE is read as JSON where it parses "
+                        "(true, 3, {\"a\": 1}), else as text; repeat for several")
     args = parser.parse_args(argv)
+    options = {"anon": True} if args.anon else {}
+    for item in args.storage_option:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            parser.error(f"--storage-option {item!r}: expected KEY=VALUE")
+        try:
+            options[key.strip()] = json.loads(value)
+        except ValueError:
+            options[key.strip()] = value
     try:
-        index(args.pattern, args.endpoint_url)
+        index(args.pattern, args.endpoint_url, storage_options=options)
     except (OSError, ValueError, ImportError, RuntimeError) as exc:
         print(f"netcl_loader.images index: {exc}", file=sys.stderr)
         return 1
