@@ -299,6 +299,7 @@ class LoaderStats:
         # The live workers' pids (set by the pool): their CPU and run-queue
         # times tell the verdict whether their busy time was computing.
         self.worker_pids = ()
+        self._cpu_seen = {}    # pid -> (cpu s, run-queue s) as last read (a pool ends: kept)
         self._clear()
 
     def _clear(self):
@@ -405,6 +406,21 @@ class LoaderStats:
                 batches / seconds if seconds > 0 else 0.0,
                 (self.wait_seconds - wait0) / seconds if seconds > 0 else 0.0))
         self._open = None
+        self._worker_cpu()  # read while the workers live: a pool may end with the epoch
+
+    def _worker_cpu(self):
+        """``(cpu seconds, run-queue seconds)`` of the current pool's workers, each as
+        last read (the figures of a worker that has exited stay as it left them);
+        ``(None, None)`` where the kernel does not say."""
+        seen = self._cpu_seen
+        for pid in self.worker_pids:
+            got = _cpu_of(pid)
+            if got is not None:
+                seen[pid] = got
+        known = [seen[pid] for pid in self.worker_pids if pid in seen]
+        if not known:
+            return None, None
+        return sum(c for c, _ in known), sum(q for _, q in known)
 
     def reset(self):
         """Start every measured figure afresh (counters, stage times, history).
@@ -644,7 +660,7 @@ class LoaderStats:
         cpus = cpu_limits()
         workers = self.workers
         busy_seconds = sum(f.busy_seconds for f in workers.values() if f.worker >= 0)
-        cpu, run_queue = _cpu_of(self.worker_pids)
+        cpu, run_queue = self._worker_cpu()
         batches = self.batches
         figures = {
             "batches_measured": n,
@@ -826,22 +842,16 @@ class LoaderStats:
         return f"LoaderStats({counts})"
 
 
-def _cpu_of(pids):
-    """``(cpu seconds, run-queue seconds)`` summed over the live processes ``pids``
-    (Linux's /proc/<pid>/schedstat: time on a CPU and time waiting for one);
-    ``(None, None)`` where the kernel does not say."""
-    cpu = queue = 0.0
-    seen = False
-    for pid in pids or ():
-        try:
-            with open(f"/proc/{pid}/schedstat") as f:
-                on_cpu, waiting = f.read().split()[:2]
-        except (OSError, ValueError):
-            continue
-        cpu += int(on_cpu) * _NS
-        queue += int(waiting) * _NS
-        seen = True
-    return (cpu, queue) if seen else (None, None)
+def _cpu_of(pid):
+    """``(cpu seconds, run-queue seconds)`` of process ``pid`` (Linux's
+    /proc/<pid>/schedstat: time on a CPU and time waiting for one); None where
+    the kernel does not say or the process is gone."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            on_cpu, waiting = f.read().split()[:2]
+        return int(on_cpu) * _NS, int(waiting) * _NS
+    except (OSError, ValueError):
+        return None
 
 
 def _cpus_shared(f):
