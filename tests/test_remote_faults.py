@@ -318,3 +318,17 @@ def test_a_full_cache_disk_is_an_error_naming_the_folder_and_bytes(tmp_path):
                            timeout=HANG_SECONDS)
     assert "error:" in r.stdout, r.stdout + r.stderr[-3000:]
     assert str(disk / "cache") in r.stdout and f"reserve {len(buf.getvalue())} bytes" in r.stdout
+
+
+def test_a_file_gone_mid_epoch_is_named_once(jpegs, tmp_path):
+    names = sorted(jpegs)[:8]
+    with FaultHTTP({n: jpegs[n] for n in names}) as srv:
+        ds = ImageFiles([srv.url + n for n in names], list(range(8)), crop=CROP,
+                        cache_dir=tmp_path / "cache", retry=FAST)
+        del srv.files[names[5]]
+        with pytest.raises(FileNotFoundError) as e:
+            with DataLoader(ds, batch_size=2, num_workers=0) as loader:
+                for _ in loader:
+                    pass
+    assert str(e.value).count(srv.url + names[5]) == 1, str(e.value)
+    assert "HTTP 404" in str(e.value)

@@ -155,7 +155,9 @@ def describe(exc, scrub=str):
                     f"Content-Length, or bytes that are not HTTP)")
         if isinstance(e, BadResponse):
             return scrub(e.strerror or str(e))
-    text = scrub(str(exc)).strip() or "(no message)"
+    # An OSError's text without its file name: the caller names the URL once.
+    raw = exc.strerror if isinstance(exc, OSError) and exc.strerror and exc.filename else str(exc)
+    text = scrub(str(raw)).strip() or "(no message)"
     if len(text) > 200:
         text = text[:200] + "..."
     return f"{type(exc).__name__}: {text}"
