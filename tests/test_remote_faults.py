@@ -332,3 +332,16 @@ def test_a_file_gone_mid_epoch_is_named_once(jpegs, tmp_path):
                     pass
     assert str(e.value).count(srv.url + names[5]) == 1, str(e.value)
     assert "HTTP 404" in str(e.value)
+
+
+def test_a_malformed_endpoint_is_not_retried():
+    # botocore wraps the HTTP client's ValueError for this endpoint (credentials
+    # in its URL) in an HTTPClientError, which was retried every time.
+    pytest.importorskip("s3fs")
+    store = Store("s3", {"endpoint_url": "http://user@127.0.0.1:1/x y", "key": "k",
+                         "secret": "s"}, FAST)
+    with pytest.raises(OSError) as e:
+        store.sync(store.info, "s3://bucket/x.tar")
+    assert not isinstance(e.value, RemoteError), e.value
+    assert store.counters.requests == 1 and store.counters.retries == 0
+    assert "s3://bucket/x.tar" in str(e.value)

@@ -27,7 +27,7 @@ _TRANSIENT_TYPES = frozenset({
     "ClientConnectionError", "ClientOSError", "ServerTimeoutError", "ContentLengthError",
     "ReadTimeoutError", "ConnectTimeoutError", "EndpointConnectionError",
     "ConnectionClosedError", "IncompleteReadError", "ResponseStreamingError",
-    "HTTPClientError", "ProxyConnectionError", "FSTimeoutError", "Truncated", "BadResponse",
+    "ProxyConnectionError", "FSTimeoutError", "Truncated", "BadResponse",
     "IncompleteRead", "RemoteDisconnected", "ProtocolError"})
 #: botocore's errors for credentials it could not find or read: a refusal by
 #: this side, before any request (never asked again).
@@ -128,6 +128,15 @@ def classify(exc):
     for e in _chain(exc):
         if _parser_error(e) or isinstance(e, BadResponse):
             return "transient"
+        if type(e).__name__ == "HTTPClientError":
+            # botocore's wrapper of whatever the HTTP client raised: as transient
+            # as what it wraps (a reset is; a malformed endpoint, a ValueError
+            # of the client's, is not, and asking again cannot change it).
+            # Its subclasses (timeouts, closed connections) are named above.
+            inner = (getattr(e, "kwargs", None) or {}).get("error")
+            if inner is None or inner is e:
+                return "transient"
+            return "transient" if classify(inner) == "transient" else "fatal"
         if isinstance(e, PermissionError) or type(e).__name__ in _NO_CREDENTIALS:
             return "denied"
         if isinstance(e, (FileNotFoundError, IsADirectoryError, NotADirectoryError)):
