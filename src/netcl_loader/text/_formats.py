@@ -82,9 +82,11 @@ class TokenStream:
 
     def _mapped(self):
         if self._maps is None or self._pid != os.getpid():
-            self._maps = [np.memmap(f.path, dtype=f.dtype, mode="r", offset=f.offset,
-                                    shape=(f.count,)) if f.count else np.zeros(0, f.dtype)
-                          for f in self.files]
+            # Plain ndarray views of the maps: slicing a np.memmap runs its
+            # Python __array_finalize__ every time.
+            self._maps = [np.asarray(np.memmap(f.path, dtype=f.dtype, mode="r", offset=f.offset,
+                                               shape=(f.count,)))
+                          if f.count else np.zeros(0, f.dtype) for f in self.files]
             self._pid = os.getpid()
         return self._maps
 
@@ -92,6 +94,9 @@ class TokenStream:
         """Copy the tokens ``start .. start + len(out)`` of the stream into ``out``."""
         maps = self._mapped()
         n = len(out)
+        if len(maps) == 1:
+            out[:] = maps[0][start:start + n]
+            return
         k = int(np.searchsorted(self.first, start, side="right")) - 1
         done = 0
         while done < n:

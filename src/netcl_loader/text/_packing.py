@@ -97,40 +97,49 @@ def pack_documents(starts, lengths, seq_len, window):
     return np.asarray(rows, np.int64), p_start[order], p_len[order]
 
 
-def _finish(ids, seg_start, pad, label_ok, last_label, alloc, shift_labels):
+def _finish(ids, starts, bad, pads, last_label, alloc, shift_labels):
     """Labels, positions, ``cu_seqlens`` and ``max_seqlen`` of rows ``ids``.
 
-    ``seg_start[r, t]``: a segment (a document's part, or the padding) starts
-    at ``t``.  ``label_ok[r, t]``: the token after ``t`` belongs to the same
-    segment (with ``last_label``, the column past the last, or None).
+    ``starts``: the sorted flat positions where segments (a document's part
+    in a row, or a row's padding) start, every row's first among them.
+    ``bad``: flat positions whose next token belongs to another segment
+    (their shifted label is -100).  ``pads``: ``(row, first column)`` of each
+    row's padding.  ``last_label``: the token after each row's last (windows),
+    or None (then nothing follows a row).  Only these sparse positions are
+    touched one by one; everything else is whole-array work.
     """
     rows, width = ids.shape
+    total = rows * width
     labels = alloc((rows, width), np.int64)
+    flat = labels.reshape(-1)
     if shift_labels:
         # labels[t] is the token to predict at t: the next one, when it
         # belongs to the same document.
         if width > 1:
             np.copyto(labels[:, :-1], ids[:, 1:])
         labels[:, -1] = IGNORE_INDEX if last_label is None else last_label
-        labels[~label_ok] = IGNORE_INDEX
+        flat[bad] = IGNORE_INDEX
     else:
         # Aligned with input_ids (the model shifts): the first token of each
-        # segment is predicted from the one before it, across a boundary.
+        # segment would be predicted from the one before it, across a boundary.
         np.copyto(labels, ids)
-        labels[seg_start] = IGNORE_INDEX
-    if pad is not None:
-        labels[pad] = IGNORE_INDEX
+        flat[starts] = IGNORE_INDEX
+    for r, c in pads:
+        labels[r, c:] = IGNORE_INDEX
+    # Positions count up from 0 in each segment: a cumulative sum of ones
+    # that drops back by the previous segment's length at every start.
     positions = alloc((rows, width), np.int64)
-    col = np.arange(width, dtype=np.int64)
-    began = np.where(seg_start, col, 0)
-    np.maximum.accumulate(began, axis=1, out=began)
-    np.subtract(col, began, out=positions)
-    flat = np.flatnonzero(seg_start.ravel())
-    cu = alloc((len(flat) + 1,), np.int32)
-    cu[:-1] = flat
-    cu[-1] = rows * width
+    lengths = np.diff(np.append(starts, total))
+    step = np.ones(total, np.int64)
+    step[starts] = 0
+    step[starts[1:]] = 1 - lengths[:-1]
+    step[0] = 0
+    np.cumsum(step, out=positions.reshape(-1))
+    cu = alloc((len(starts) + 1,), np.int32)
+    cu[:-1] = starts
+    cu[-1] = total
     max_len = alloc((), np.int64)
-    max_len[...] = int(np.diff(cu).max()) if len(cu) > 1 else 0
+    max_len[...] = int(lengths.max()) if len(lengths) else 0
     return {"input_ids": ids, "labels": labels, "position_ids": positions,
             "cu_seqlens": cu, "max_seqlen": max_len}
 
@@ -139,26 +148,28 @@ def window_batch(stream, window_starts, seq_len, alloc, shift_labels):
     """The batch of the windows of ``seq_len + 1`` tokens starting at ``window_starts``."""
     s = np.asarray(window_starts, np.int64)
     rows = len(s)
-    buf = np.empty((rows, seq_len + 1), np.int64)
-    for r in range(rows):
-        stream.read(int(s[r]), buf[r])
     ids = alloc((rows, seq_len), np.int64)
-    np.copyto(ids, buf[:, :seq_len])
-    # doc_last[r, t]: the token at t is the last of its document.  Documents
-    # end at the positions in ``stream.ends`` (exclusive), so the ends e with
-    # s < e <= s + seq_len fall on this window's input tokens.
-    doc_last = np.zeros((rows, seq_len), bool)
+    after = np.empty(rows, np.int64)
+    for r in range(rows):
+        stream.read(int(s[r]), ids[r])
+        stream.read(int(s[r]) + seq_len, after[r:r + 1])
+    # Documents end at the positions in ``stream.ends`` (exclusive): the ends
+    # e with s < e <= s + seq_len fall on this window's input tokens, making
+    # the token at e - 1 its document's last.
     ends = stream.ends
+    row_starts = np.arange(rows, dtype=np.int64) * seq_len
     if len(ends):
         lo = np.searchsorted(ends, s + 1, "left")
         hi = np.searchsorted(ends, s + seq_len, "right")
         k = _ranges(lo, hi)
         r = np.repeat(np.arange(rows, dtype=np.int64), hi - lo)
-        doc_last[r, ends[k] - s[r] - 1] = True
-    seg_start = np.zeros((rows, seq_len), bool)
-    seg_start[:, 0] = True
-    seg_start[:, 1:] = doc_last[:, :-1]
-    return _finish(ids, seg_start, None, ~doc_last, buf[:, seq_len], alloc, shift_labels)
+        last = ends[k] - s[r] - 1 + r * seq_len      # flat positions of documents' last tokens
+        inner = last[(last + 1) % seq_len != 0] + 1  # a document starts after each, in its row
+        starts = np.union1d(row_starts, inner)
+    else:
+        last = np.zeros(0, np.int64)
+        starts = row_starts
+    return _finish(ids, starts, last, (), after, alloc, shift_labels)
 
 
 def rows_batch(stream, rows, width, piece_row, piece_start, piece_len, alloc, pad_id,
@@ -169,25 +180,25 @@ def rows_batch(stream, rows, width, piece_row, piece_start, piece_len, alloc, pa
     piece_start = np.asarray(piece_start, np.int64)
     piece_len = np.asarray(piece_len, np.int64)
     ids = alloc((rows, width), np.int64)
-    ids.fill(pad_id)
     # Where each piece lies in its row: after the pieces before it in that row.
     ends = np.cumsum(piece_len)
     first_of_row = np.searchsorted(piece_row, np.arange(rows, dtype=np.int64))
     row_base = np.concatenate([[0], ends])[first_of_row]
-    offset = np.concatenate([[0], ends[:-1]]) - row_base[piece_row] if len(piece_len) \
+    offset = (np.concatenate([[0], ends[:-1]]) - row_base[piece_row]) if len(piece_len) \
         else np.zeros(0, np.int64)
     for i in range(len(piece_len)):
         o = int(offset[i])
         stream.read(int(piece_start[i]), ids[int(piece_row[i]), o:o + int(piece_len[i])])
     used = np.bincount(piece_row, weights=piece_len, minlength=rows).astype(np.int64)
-    seg_start = np.zeros((rows, width), bool)
-    seg_start[piece_row, offset] = True
     padded = np.flatnonzero(used < width)
-    seg_start[padded, used[padded]] = True   # the padding is a segment of its own
-    col = np.arange(width, dtype=np.int64)
-    pad = col[None, :] >= used[:, None]
-    label_ok = np.zeros((rows, width), bool)
-    label_ok[:, :-1] = ~seg_start[:, 1:]
-    label_ok &= ~pad
-    return _finish(ids, seg_start, pad if len(padded) else None, label_ok, None, alloc,
-                   shift_labels)
+    pads = [(int(r), int(used[r])) for r in padded]
+    for r, c in pads:
+        ids[r, c:] = pad_id
+    piece_flat = piece_row * width + offset
+    pad_flat = padded * width + used[padded]
+    starts = np.union1d(np.union1d(piece_flat, pad_flat),
+                        np.arange(rows, dtype=np.int64) * width)
+    # A piece's last token predicts nothing: what follows is another piece,
+    # the padding or another row.
+    bad = piece_flat + piece_len - 1
+    return _finish(ids, starts, bad, pads, None, alloc, shift_labels)
