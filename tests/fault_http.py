@@ -65,7 +65,7 @@ class FaultHTTP:
                 self._answer(head=False)
 
             def _answer(self, head):
-                data = owner.files.get(self.path)
+                data = owner.files.get(self.path.split("?", 1)[0])   # a signed query ignored
                 if data is None:
                     self.send_response(404)
                     self.send_header("Content-Length", "0")

@@ -345,3 +345,33 @@ def test_a_malformed_endpoint_is_not_retried():
     assert not isinstance(e.value, RemoteError), e.value
     assert store.counters.requests == 1 and store.counters.retries == 0
     assert "s3://bucket/x.tar" in str(e.value)
+
+
+def test_a_url_signed_again_keeps_its_cache_entry(jpegs, tmp_path):
+    # Presigned URLs carry a signature, a credential, a date and an expiry
+    # that change every time they are signed: none of it may name the cache
+    # entry, or every re-signed URL misses the cache.
+    from netcl_loader._urls import unsigned
+    names = sorted(jpegs)[:8]
+
+    def signed(url, k):
+        return (f"{url}?versionId=3&X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIA{k}"
+                f"%2F2026{k}%2Fus-east-1%2Fs3%2Faws4_request&X-Amz-Date=2026120{k}T000000Z"
+                f"&X-Amz-Expires=3600&X-Amz-SignedHeaders=host&X-Amz-Signature={k:064d}")
+    assert unsigned(signed("https://h/b/k.jpg", 1)) == "https://h/b/k.jpg?versionId=3"
+    assert unsigned("https://a/c/b.jpg?sv=2022&sp=r&se=2030&sig=abc&x=1") == \
+        "https://a/c/b.jpg?x=1"
+    assert unsigned("https://a/b.jpg?sp=r&x=1") == "https://a/b.jpg?sp=r&x=1"   # no SAS
+    with FaultHTTP({n: jpegs[n] for n in names}) as srv:
+        kw = dict(crop=CROP, cache_dir=tmp_path / "cache", retry=FAST)
+        first = ImageFiles([signed(srv.url + n, 1) for n in names], list(range(8)), **kw)
+        with DataLoader(first, batch_size=4, shuffle=False) as loader:
+            a = [np.array(y) for _, y in loader]
+        fetched = srv.requests
+        again = ImageFiles([signed(srv.url + n, 2) for n in names], list(range(8)), **kw)
+        with DataLoader(again, batch_size=4, shuffle=False) as loader:
+            b = [np.array(y) for _, y in loader]
+            hits = loader.stats.cache_hits
+        assert srv.requests == fetched and fetched == 8
+    assert hits == 8
+    assert all((x == y).all() for x, y in zip(a, b))

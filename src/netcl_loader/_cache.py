@@ -11,6 +11,8 @@ import stat
 import threading
 import time
 
+from ._urls import unsigned
+
 __all__ = ["Cache", "CACHE_ENV", "default_cache_dir", "entry_key", "STALE_SECONDS"]
 
 #: Environment variable naming the cache folder when ``cache_dir`` is not given.
@@ -62,8 +64,12 @@ def _own_folder(path, what="cache_dir"):
 
 def entry_key(url, version):
     """The cache's name for one version of one object: a digest, so that no
-    URL (which may carry a signed query) is written into the folder."""
-    return hashlib.sha256(f"{url}\0{version}".encode("utf-8", "surrogateescape")).hexdigest()[:40]
+    URL (which may carry a signed query) is written into the folder.  The
+    query parameters that sign a URL are left out (``unsigned``): the same
+    object signed again is the same entry (its version still tells versions
+    apart)."""
+    return hashlib.sha256(f"{unsigned(url)}\0{version}".encode("utf-8", "surrogateescape")
+                          ).hexdigest()[:40]
 
 
 _LOCK = [threading.Lock()]

@@ -5,7 +5,7 @@ import os
 import re
 
 __all__ = ["SCHEMES", "scheme_of", "is_remote", "local_path", "expand_braces", "expand_all",
-           "redact", "Secrets", "protocol_of", "missing_package_error"]
+           "redact", "Secrets", "protocol_of", "missing_package_error", "unsigned"]
 
 #: URL scheme -> (fsspec protocol, the pip package that provides it).  The
 #: HTTP filesystem is fsspec's own, built on aiohttp.
@@ -218,6 +218,36 @@ def redact(url):
             parts.append(f"{k}=***" if "=" in kv and _SECRET_QUERY.search(k) else kv)
         rest = path + "?" + "&".join(parts)
     return url[:m.end()] + rest
+
+
+#: Query parameters that sign a URL (S3's SigV4 and SigV2, GCS's V4 and V2,
+#: CloudFront's): the signature and what goes with it, which change each time
+#: the URL is signed again (credential, date, expiry) while the object stays.
+_SIGNING_QUERY = re.compile(
+    r"(?i)^(x-amz-(algorithm|credential|date|expires|signedheaders|signature|security-token)"
+    r"|x-goog-(algorithm|credential|date|expires|signedheaders|signature)"
+    r"|awsaccesskeyid|googleaccessid|signature|expires|policy|key-pair-id)$")
+#: An Azure shared access signature's parameters (``sig`` marks one): short
+#: names that are left alone in a URL without ``sig``.
+_SAS_QUERY = frozenset({"sv", "ss", "srt", "sp", "se", "st", "spr", "sig", "sr", "si", "sdd",
+                        "skoid", "sktid", "skt", "ske", "sks", "skv", "saoid", "suoid", "scid",
+                        "ses", "sip"})
+
+
+def unsigned(url):
+    """``url`` without the query parameters that sign it: what names the object
+    whatever signature it was given, so that a URL signed again (new signature,
+    date, expiry) names the same cache entry.  Other query parameters (a
+    version id) are kept, in their order."""
+    if "?" not in url:
+        return url
+    head, query = url.split("?", 1)
+    pairs = [kv for kv in query.split("&") if kv]
+    keys = [kv.split("=", 1)[0] for kv in pairs]
+    sas = any(k.lower() == "sig" for k in keys)
+    kept = [kv for kv, k in zip(pairs, keys)
+            if not (_SIGNING_QUERY.match(k) or (sas and k.lower() in _SAS_QUERY))]
+    return head + ("?" + "&".join(kept) if kept else "")
 
 
 class Secrets:
