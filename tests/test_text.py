@@ -455,6 +455,46 @@ def test_mixture_repeats_small_sources_with_a_reshuffled_pass(tmp_path):
     assert not all(np.array_equal(passes[0], p) for p in passes[1:])
 
 
+@pytest.mark.parametrize("pack", ["window", "documents", "none"])
+def test_mixture_batches_are_their_sources_rows(tmp_path, pack):
+    sources = []
+    for k in range(2):
+        docs = make_docs(40, seed=40 + k)
+        sources.append(TokenFiles(write_bin(tmp_path / f"s{k}.bin", docs), 10, dtype="uint16",
+                                  eos_id=EOS, pack=pack, shuffle_window=8))
+    mix = Mixture(sources, [0.4, 0.6], num_samples=30)
+    idx = np.array([5, 0, 17, 29, 3])
+    got = mix.gather_batch(idx, np.empty)
+    src, local = mix.locate(idx)
+    if pack == "none":
+        rows = [[[int(x) for x in sources[k].stream.tokens(
+            int(sources[k]._doc_start[j]), int(sources[k]._doc_start[j] + sources[k]._doc_len[j]))]
+            for k, j in zip(src, local)]]
+        check_batch(got, oracle_layout(rows, True))
+        return
+    one = [sources[k].gather_batch([j], np.empty) for k, j in zip(src, local)]
+    for key in ("input_ids", "labels", "position_ids"):
+        np.testing.assert_array_equal(got[key], np.concatenate([o[key] for o in one]))
+    cu = np.concatenate([o["cu_seqlens"][:-1] + r * 10 for r, o in enumerate(one)] + [[50]])
+    np.testing.assert_array_equal(got["cu_seqlens"], cu)
+    with netcl_loader.DataLoader(mix, batch_size=5, shuffle=False, num_workers=2) as loader:
+        first = next(iter(loader))
+    np.testing.assert_array_equal(first["input_ids"],
+                                  mix.gather_batch(np.arange(5), np.empty)["input_ids"])
+
+
+def test_mixture_of_other_datasets_collates_their_samples():
+    a = netcl_loader.ArrayDataset(np.zeros(10, np.int64))
+    b = netcl_loader.ArrayDataset(np.ones(40, np.int64))
+    mix = Mixture([a, b], [0.25, 0.75])
+    with netcl_loader.DataLoader(mix, batch_size=10, shuffle=False, num_workers=0) as loader:
+        sources = np.concatenate([batch[0] for batch in loader])
+    assert len(sources) == 50
+    counts = np.cumsum(sources == 0)
+    j = np.arange(1, 51)
+    assert np.all(np.abs(counts - 0.25 * j) < 1)
+
+
 def test_mixture_batches_resume_exactly(tmp_path):
     sources = _sources(tmp_path)
     mix = Mixture(sources, [0.2, 0.5, 0.3], num_samples=120)
@@ -519,8 +559,13 @@ def test_bad_input_is_named_at_construction(tmp_path):
         TokenFiles(good, 8, dtype="float32")
     with pytest.raises(ValueError, match="eos_id=70000.*uint16"):
         TokenFiles(good, 8, dtype="uint16", eos_id=70000)
+    with pytest.raises(ValueError, match="pad_id=-1.*uint16"):
+        TokenFiles(good, 8, dtype="uint16", pad_id=-1)
     with pytest.raises(ValueError, match="pack"):
         TokenFiles(good, 8, dtype="uint16", pack="greedy")
+    with pytest.raises(ValueError, match=r"datasets\[1\].*seq_len"):
+        Mixture([TokenFiles(good, 8, dtype="uint16"), TokenFiles(good, 9, dtype="uint16")],
+                [1, 1])
     with pytest.raises(FileNotFoundError, match="missing.bin"):
         TokenFiles(tmp_path / "missing.bin", 8, dtype="uint16")
     with warnings.catch_warnings(record=True) as caught:

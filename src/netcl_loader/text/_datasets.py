@@ -153,7 +153,7 @@ class TokenFiles:
                                else _positive_int(shuffle_window, "shuffle_window", what))
         self.cache_dir, self.cache_bytes, self.storage_options = (
             cache_dir, cache_bytes, storage_options)
-        self.stream = open_stream(paths, dtype, self.eos_id)
+        self.stream = open_stream(paths, dtype, self.eos_id, self.pad_id)
         self.paths = [f.path for f in self.stream.files]
         if pack != "window":
             if not self.stream.has_documents:
@@ -285,6 +285,15 @@ class Mixture:
                 raise ValueError(f"Mixture: dataset {k} is empty but has weight {w}; give it "
                                  f"weight 0 or samples")
         self.num_samples = int(num_samples)
+        self._tokens = all(isinstance(d, TokenFiles) for d in self.datasets)
+        if self._tokens:
+            kinds = [(d.pack, d.seq_len, d.shift_labels, d.pad_id) for d in self.datasets]
+            for k, kind in enumerate(kinds):
+                if kind != kinds[0]:
+                    raise ValueError(
+                        f"Mixture: datasets[{k}] has (pack, seq_len, shift_labels, pad_id) = "
+                        f"{kind}, datasets[0] has {kinds[0]}; the TokenFiles of one mixture "
+                        f"must make batches of one layout")
         # Segments of the schedule: (first position, weights); a resume with
         # new weights adds one (see with_weights).
         self._segments = [(0, self.weights)]
@@ -379,28 +388,21 @@ class Mixture:
         src, local = self.locate(indices)
         return [self.datasets[int(k)][int(j)] for k, j in zip(src, local)]
 
+    @property
+    def _netcl_rng_free(self):
+        return all(getattr(d, "_netcl_rng_free", False) for d in self.datasets)
+
     def __getattr__(self, name):
-        # The batch fast path when every source has one and gives the same
-        # layout (TokenFiles of one kind): the batch as the sources make it for
-        # the positions in order, each source's part gathered at once.
-        if name == "gather_batch" and self.__dict__.get("datasets") and all(
-                hasattr(d, "gather_batch") for d in self.datasets) and all(
-                isinstance(d, TokenFiles) for d in self.datasets):
+        # The batch fast path of a mixture of TokenFiles (checked alike at
+        # construction): the batch as the sources make it, in position order.
+        if name == "gather_batch" and self.__dict__.get("_tokens"):
             return self._gather_tokens
         raise AttributeError(name)
 
     def _gather_tokens(self, indices, alloc):
         src, local = self.locate(indices)
-        first = self.datasets[0]
-        kinds = {(d.pack, d.seq_len, d.shift_labels, d.pad_id) for d in self.datasets}
-        if len(kinds) > 1:
-            raise ValueError(f"Mixture: its TokenFiles differ in pack, seq_len, shift_labels or "
-                             f"pad_id ({sorted(kinds)}); a batch needs one layout")
-        parts = []
-        for j in range(len(src)):
-            ds = self.datasets[int(src[j])]
-            parts.append((ds, int(local[j])))
-        return _token_batch(parts, first, alloc)
+        parts = [(self.datasets[k], j) for k, j in zip(src.tolist(), local.tolist())]
+        return _token_batch(parts, self.datasets[0], alloc)
 
     def __repr__(self):
         w = ", ".join(f"{x:.3g}" for x in self.weights)
@@ -420,16 +422,10 @@ def _token_batch(parts, proto, alloc):
                 pieces.append((ds.stream, int(ds._piece_start[p]), int(ds._piece_len[p])))
                 rows.append(r)
         return _pieces_batch(pieces, rows, len(parts), proto.seq_len, proto, alloc)
-    # Windows: each source's windows cut by its own stream, row by row.
+    # Windows: each cut by its own source's stream (and documents), then stacked.
     L = proto.seq_len
-    out = None
-    for r, (ds, i) in enumerate(parts):
-        one = window_batch(ds.stream, [i * (L + 1)], L, np.empty, ds.shift_labels)
-        if out is None:
-            out = [one]
-        else:
-            out.append(one)
-    return _stack_rows(out, alloc)
+    return _stack_rows([window_batch(ds.stream, [i * (L + 1)], L, np.empty, ds.shift_labels)
+                        for ds, i in parts], alloc)
 
 
 class _MultiStream:

@@ -270,7 +270,7 @@ def _eos_ends(f, eos_id):
     return ends, found
 
 
-def open_stream(paths, dtype, eos_id):
+def open_stream(paths, dtype, eos_id, pad_id=None):
     """The :class:`TokenStream` of ``paths`` (see :class:`TokenFiles`)."""
     names = _names(paths)
     if dtype is not None:
@@ -297,10 +297,10 @@ def open_stream(paths, dtype, eos_id):
             f = _flat_file(path, dtype)
             doc_ends = None
             megatron.append(False)
-        if eos_id is not None:
-            info = np.iinfo(f.dtype)
-            if not info.min <= eos_id <= info.max:
-                raise ValueError(f"TokenFiles: eos_id={eos_id} is outside the token ids of "
+        info = np.iinfo(f.dtype)
+        for arg, value in (("eos_id", eos_id), ("pad_id", pad_id)):
+            if value is not None and not info.min <= value <= info.max:
+                raise ValueError(f"TokenFiles: {arg}={value} is outside the token ids of "
                                  f"{f.path} ({f.dtype}: {info.min}..{info.max})")
         if doc_ends is None and eos_id is not None:
             doc_ends, found = _eos_ends(f, eos_id)
