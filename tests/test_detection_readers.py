@@ -217,6 +217,71 @@ def test_parse_coco_image_info_file_without_annotations(tmp_path):
     assert out["boxes"][0].shape == (0, 4)
 
 
+def _mask_counts(mask):
+    """COCO's run lengths of a mask: column-major, alternating 0s and 1s from 0s."""
+    flat = np.asarray(mask, np.uint8).ravel(order="F")
+    counts, value, run = [], 0, 0
+    for v in flat:
+        if v == value:
+            run += 1
+        else:
+            counts.append(run)
+            value, run = v, 1
+    counts.append(run)
+    return counts
+
+
+def _rle_string(counts):
+    """pycocotools' rleToString, written from its definition."""
+    out = []
+    for i, x in enumerate(counts):
+        if i > 2:
+            x -= counts[i - 2]
+        more = True
+        while more:
+            c = x & 0x1F
+            x >>= 5
+            more = (x != -1) if c & 0x10 else (x != 0)
+            out.append(chr((c | 0x20 if more else c) + 48))
+    return "".join(out)
+
+
+def test_coco_annotations_with_only_a_segmentation_take_its_extent(tmp_path):
+    # The rule: no bbox, a segmentation -> the segmentation's extent (as
+    # COCO's bbox is); an empty mask -> left out.  Before, the whole file
+    # was an error.
+    rng = np.random.default_rng(4)
+    h, w = 37, 53
+    mask = np.zeros((h, w), bool)
+    mask[5:20, 9:31] = rng.random((15, 22)) < 0.7
+    mask[5, 9] = mask[19, 30] = True
+    ys, xs = np.nonzero(mask)
+    tight = [xs.min(), ys.min(), xs.max() - xs.min() + 1, ys.max() - ys.min() + 1]
+    counts = _mask_counts(mask)
+    anns = [
+        {"id": 1, "image_id": 6, "category_id": 1,
+         "segmentation": [[10.5, 2, 40, 8.25, 20, 30], [5, 12, 7, 13]]},
+        {"id": 2, "image_id": 6, "category_id": 1, "iscrowd": 1,
+         "segmentation": {"size": [h, w], "counts": _rle_string(counts)}},
+        {"id": 3, "image_id": 6, "category_id": 1, "iscrowd": 1,
+         "segmentation": {"size": [h, w], "counts": counts}},
+        {"id": 4, "image_id": 6, "category_id": 1, "iscrowd": 1,
+         "segmentation": {"size": [h, w], "counts": [h * w]}},   # empty: left out
+        {"id": 5, "image_id": 6, "category_id": 1, "bbox": [1, 2, 3, 4]},
+    ]
+    doc = _coco_doc()
+    doc["annotations"] = anns
+    path = _write(tmp_path, json.dumps(doc), "seg.json")
+    out = parse_coco(path)
+    boxes = out["boxes"][out["image_ids"].tolist().index(6)]
+    np.testing.assert_allclose(boxes, [[5, 2, 35, 28], tight, tight, [1, 2, 3, 4]])
+    doc["annotations"] = [{"id": 9, "image_id": 6, "category_id": 1, "segmentation": "x"}]
+    path = _write(tmp_path, json.dumps(doc), "bad.json")
+    with pytest.raises(ValueError) as err:
+        parse_coco(path)
+    assert "annotations[0] (id 9).segmentation" in str(err.value) and "six.jpg" in str(err.value)
+
+
 def _coco_doc(**change):
     doc = {"images": [{"id": 5, "file_name": "five.jpg"}, {"id": 6, "file_name": "six.jpg"}],
            "annotations": [{"id": 11, "image_id": 6, "bbox": [1, 2, 3, 4], "category_id": 1,

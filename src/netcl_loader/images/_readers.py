@@ -180,6 +180,74 @@ def parse_wider_list(list_file):
         return [line.strip() for line in f.read().splitlines() if line.strip()]
 
 
+def _segmentation_box(seg, ann_file, where, image):
+    """``[x, y, w, h]`` of a COCO segmentation (polygons, or a run-length mask,
+    compressed or not); None for an empty mask; ValueError naming it when it
+    is neither."""
+    if isinstance(seg, list) and seg and all(isinstance(p, list) for p in seg):
+        xs, ys = [], []
+        for poly in seg:
+            if (len(poly) < 2 or len(poly) % 2 or not all(
+                    isinstance(v, numbers.Real) and not isinstance(v, bool)
+                    and math.isfinite(v) for v in poly)):
+                raise _coco_error(ann_file, where, f"{image}: a polygon must be an even number "
+                                  f"of finite coordinates [x1, y1, x2, y2, ...], got "
+                                  f"{_short(poly)}")
+            xs += poly[0::2]
+            ys += poly[1::2]
+        x0, y0 = min(xs), min(ys)
+        return [x0, y0, max(xs) - x0, max(ys) - y0]
+    if isinstance(seg, dict) and "counts" in seg and isinstance(seg.get("size"), list) \
+            and len(seg["size"]) == 2 and all(_is_int(v) and v >= 0 for v in seg["size"]):
+        counts = seg["counts"]
+        if isinstance(counts, str):
+            counts = _rle_from_string(counts)
+        if isinstance(counts, list) and all(_is_int(c) and c >= 0 for c in counts):
+            return _rle_box(counts, int(seg["size"][0]))
+    raise _coco_error(ann_file, where, f"{image}: no 'bbox', and the segmentation is neither "
+                      f"polygons [[x1, y1, ...], ...] nor a run-length mask {{'size': [h, w], "
+                      f"'counts': ...}}, got {_short(seg)}")
+
+
+def _rle_from_string(text):
+    """The run lengths of COCO's compressed RLE string (pycocotools' rleFrString):
+    5 bits a character, a continuation bit, runs after the second stored as
+    differences from the run two before."""
+    counts, p = [], 0
+    while p < len(text):
+        x, k, more = 0, 0, True
+        while more:
+            c = ord(text[p]) - 48
+            x |= (c & 0x1f) << (5 * k)
+            more = bool(c & 0x20)
+            p += 1
+            k += 1
+            if not more and (c & 0x10):
+                x |= -1 << (5 * k)
+        if len(counts) > 2:
+            x += counts[-2]
+        counts.append(x)
+    return counts
+
+
+def _rle_box(counts, h):
+    """The tight ``[x, y, w, h]`` of a column-major run-length mask of height ``h``
+    (runs alternate 0s and 1s, starting with 0s); None when it has no pixel."""
+    pos, x0, x1, y0, y1 = 0, None, None, None, None
+    for i, c in enumerate(counts):
+        if i % 2 and c > 0 and h > 0:
+            (a, ya), (b, yb) = divmod(pos, h), divmod(pos + c - 1, h)
+            x0 = a if x0 is None else min(x0, a)
+            x1 = b if x1 is None else max(x1, b)
+            lo, hi = (ya, yb) if a == b else (0, h - 1)
+            y0 = lo if y0 is None else min(y0, lo)
+            y1 = hi if y1 is None else max(y1, hi)
+        pos += c
+    if x0 is None:
+        return None
+    return [x0, y0, x1 - x0 + 1, y1 - y0 + 1]
+
+
 def _coco_error(ann_file, where, what):
     return ValueError(f"{os.fspath(ann_file)!s}: {where}: {what}")
 
@@ -199,7 +267,10 @@ def parse_coco(ann_file):
         ``bbox`` ``[x, y, width, height]`` in pixels, ``category_id`` and
         optionally ``iscrowd``) and ``categories`` (``id`` and ``name``).
         ``annotations`` may be absent (an image-info file such as
-        test-dev's): every image then has no box.
+        test-dev's): every image then has no box.  An annotation with a
+        ``segmentation`` and no ``bbox`` gets the segmentation's extent as
+        its box (a polygon's extent, a run-length mask's tight box, as
+        pycocotools' ``toBbox``); one whose mask is empty is left out.
 
     Returns
     -------
@@ -293,6 +364,14 @@ def parse_coco(ann_file):
         row = row_of[int(iid)]
         image = f"image {int(iid)} ({file_names[row]!r})"
         bbox = ann.get("bbox")
+        if bbox is None and "segmentation" in ann:
+            # No bbox, a segmentation: its box is the segmentation's extent,
+            # as COCO's own bbox is (pycocotools' toBbox: a polygon's extent,
+            # a mask's tight box); an empty mask has no box and is left out.
+            bbox = _segmentation_box(ann["segmentation"], ann_file, f"{where}.segmentation",
+                                     image)
+            if bbox is None:
+                continue
         ok = (isinstance(bbox, (list, tuple)) and len(bbox) == 4
               and all(isinstance(v, numbers.Real) and not isinstance(v, bool)
                       and math.isfinite(v) for v in bbox))
