@@ -97,8 +97,14 @@ class TokenFiles:
     shuffle_window : int, optional
         Documents packed together by ``pack="documents"`` (default 1024).
     cache_dir, cache_bytes, storage_options
-        For token files in object storage (not read in this version: a URL
-        other than ``file://`` is refused).
+        For token files in object storage (``s3://``, ``gs://``, ``az://``,
+        ``http(s)://``, as the image datasets take them): each is fetched
+        into the local cache (in ranged requests, never whole into memory)
+        and batches read it by offset from there; ``storage_options`` go to
+        the store (an endpoint, credentials).  A remote Megatron dataset is
+        named by its prefix or ``PREFIX.idx``; another remote name is a flat
+        file.  The cache must hold the files (``cache_bytes``: at least their
+        sizes; the default does).
 
     Raises
     ------
@@ -153,8 +159,9 @@ class TokenFiles:
                                else _positive_int(shuffle_window, "shuffle_window", what))
         self.cache_dir, self.cache_bytes, self.storage_options = (
             cache_dir, cache_bytes, storage_options)
-        self.stream = open_stream(paths, dtype, self.eos_id, self.pad_id)
-        self.paths = [f.path for f in self.stream.files]
+        self.stream = open_stream(paths, dtype, self.eos_id, self.pad_id, storage_options, cache_dir,
+                                  cache_bytes)
+        self.paths = [f.name for f in self.stream.files]
         if pack != "window":
             if not self.stream.has_documents:
                 raise ValueError(f"{what}: pack={pack!r} needs documents: give eos_id (the "

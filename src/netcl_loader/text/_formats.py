@@ -44,13 +44,15 @@ _MEGATRON_FIXED_BYTES = len(MEGATRON_HEADER) + 8 + 1 + 8 + 8
 class _File:
     """One file's tokens: where they lie and how to read them."""
 
-    __slots__ = ("path", "offset", "dtype", "count")
+    __slots__ = ("path", "offset", "dtype", "count", "unit", "name")
 
-    def __init__(self, path, offset, dtype, count):
-        self.path = path
+    def __init__(self, path, offset, dtype, count, unit=None, name=None):
+        self.path = path        # a local path (for a remote file: its cache entry when parsed)
         self.offset = offset
         self.dtype = np.dtype(dtype)
         self.count = count
+        self.unit = unit        # the remote file's unit in the stream's Units, or None
+        self.name = name if name is not None else path   # as it may be shown
 
 
 class TokenStream:
@@ -61,8 +63,9 @@ class TokenStream:
     end documents when there are documents at all.
     """
 
-    def __init__(self, files, ends, has_documents):
+    def __init__(self, files, ends, has_documents, units=None):
         self.files = files
+        self.units = units      # the remote files' Units (fetched into the cache), or None
         self.first = np.zeros(len(files) + 1, np.int64)
         np.cumsum([f.count for f in files], out=self.first[1:])
         self.ends = np.asarray(ends, np.int64)
@@ -83,18 +86,44 @@ class TokenStream:
     def _mapped(self):
         if self._maps is None or self._pid != os.getpid():
             # Plain ndarray views of the maps: slicing a np.memmap runs its
-            # Python __array_finalize__ every time.
-            self._maps = [np.asarray(np.memmap(f.path, dtype=f.dtype, mode="r", offset=f.offset,
-                                               shape=(f.count,)))
+            # Python __array_finalize__ every time.  A remote file is read by
+            # offset from its cache entry instead (None here).
+            self._maps = [None if f.unit is not None else
+                          np.asarray(np.memmap(f.path, dtype=f.dtype, mode="r",
+                                               offset=f.offset, shape=(f.count,)))
                           if f.count else np.zeros(0, f.dtype) for f in self.files]
             self._pid = os.getpid()
         return self._maps
+
+    def _part(self, k, lo, take):
+        """Tokens ``lo .. lo + take`` of file ``k``."""
+        m = self._maps[k]
+        if m is not None:
+            return m[lo:lo + take]
+        # A remote file: read by offset from its cache entry (fetched again if
+        # another process evicted it); the descriptor is not kept, so that an
+        # evicted entry's disk space is not held.
+        f = self.files[k]
+        path = self.units.ensure(f.unit)
+        out = np.empty(take, f.dtype)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        try:
+            view = memoryview(out).cast("B")
+            pos, want = 0, out.nbytes
+            while pos < want:
+                got = os.preadv(fd, [view[pos:]], f.offset + lo * f.dtype.itemsize + pos)
+                if got <= 0:
+                    raise OSError(f"TokenFiles: the cached copy of {f.name} ends early")
+                pos += got
+        finally:
+            os.close(fd)
+        return out
 
     def read(self, start, out):
         """Copy the tokens ``start .. start + len(out)`` of the stream into ``out``."""
         maps = self._mapped()
         n = len(out)
-        if len(maps) == 1:
+        if len(maps) == 1 and maps[0] is not None:
             out[:] = maps[0][start:start + n]
             return
         k = int(np.searchsorted(self.first, start, side="right")) - 1
@@ -103,7 +132,7 @@ class TokenStream:
             lo = start + done - int(self.first[k])
             take = min(n - done, self.files[k].count - lo)
             if take > 0:
-                out[done:done + take] = maps[k][lo:lo + take]
+                out[done:done + take] = self._part(k, lo, take)
                 done += take
             k += 1
 
@@ -160,14 +189,20 @@ def _check_size(path, size, itemsize, what):
                          f"dtype right?)")
 
 
-def _flat_file(name, dtype):
+def _flat_file(name, dtype, shown=None, npy=None):
+    """A flat token file: ``.npy`` (``npy`` None: judged by the name) or raw with ``dtype``."""
+    if shown is not None:
+        try:
+            return _flat_file(name, dtype, npy=shown.split("?", 1)[0].endswith(".npy"))
+        except ValueError as exc:
+            raise ValueError(str(exc).replace(name, shown)) from None
     path = local_path(name)
     if not os.path.exists(path):
         raise FileNotFoundError(f"TokenFiles: no such token file: {path}")
     if not os.path.isfile(path):
         raise ValueError(f"TokenFiles: {path} is not a file; expected a .npy, a .bin with "
                          f"dtype, or a Megatron PREFIX")
-    if path.endswith(".npy"):
+    if path.endswith(".npy") if npy is None else npy:
         try:
             arr = np.load(path, mmap_mode="r", allow_pickle=False)
         except ValueError as exc:
@@ -197,7 +232,18 @@ def _flat_file(name, dtype):
 
 def _megatron(prefix):
     """The tokens and document ends of one Megatron indexed dataset."""
-    idx_path, bin_path = prefix + ".idx", prefix + ".bin"
+    return _megatron_paths(prefix + ".idx", prefix + ".bin")
+
+
+def _megatron_paths(idx_path, bin_path, shown=None):
+    """The tokens and document ends of the Megatron dataset in ``idx_path`` and
+    ``bin_path`` (``shown``: the prefix as messages name it, for a cached copy)."""
+    if shown is not None:
+        try:
+            return _megatron_paths(idx_path, bin_path)
+        except ValueError as exc:
+            text = str(exc).replace(idx_path, shown + ".idx").replace(bin_path, shown + ".bin")
+            raise ValueError(text) from None
     size = os.path.getsize(idx_path)
     with open(idx_path, "rb") as f:
         head = f.read(_MEGATRON_FIXED_BYTES)
@@ -256,7 +302,8 @@ def _megatron(prefix):
 
 
 def _eos_ends(f, eos_id):
-    """End positions (exclusive, within the file) of the documents of a flat file."""
+    """End positions (exclusive, within the file) of the documents of a flat file
+    (for a remote one, of its copy in the cache)."""
     mm = np.memmap(f.path, dtype=f.dtype, mode="r", offset=f.offset, shape=(f.count,)) \
         if f.count else np.zeros(0, f.dtype)
     # In pieces, so that a large file is scanned without a temporary of its size.
@@ -270,7 +317,40 @@ def _eos_ends(f, eos_id):
     return ends, found
 
 
-def open_stream(paths, dtype, eos_id, pad_id=None):
+def _remote_kinds(names):
+    """``[(name, megatron prefix URL or None)]`` for remote names: a Megatron dataset is
+    named by its prefix (no extension) or ``PREFIX.idx``; other names are flat files."""
+    out = []
+    for name in names:
+        base = name.rsplit("/", 1)[-1]
+        if name.endswith(".idx"):
+            out.append((name, name[:-4]))
+        elif "." not in base:
+            out.append((name, name))
+        else:
+            out.append((name, None))
+    return out
+
+
+def _remote_units(names, storage_options, cache_dir, cache_bytes):
+    """The Units of the remote objects that ``names`` need (``.idx`` and ``.bin`` for a
+    Megatron prefix), and for each name the unit numbers it reads."""
+    from ..images._remote import remote_files  # (imports the object store's machinery)
+    urls, which = [], []
+    for name, prefix in _remote_kinds(names):
+        if prefix is None:
+            which.append((len(urls),))
+            urls.append(name)
+        else:
+            which.append((len(urls), len(urls) + 1))
+            urls.extend([prefix + ".idx", prefix + ".bin"])
+    units = remote_files(urls, np.ones(len(urls), bool), storage_options, None, cache_dir,
+                         cache_bytes, "TokenFiles")
+    return units, which
+
+
+def open_stream(paths, dtype, eos_id, pad_id=None, storage_options=None, cache_dir=None,
+                cache_bytes=None):
     """The :class:`TokenStream` of ``paths`` (see :class:`TokenFiles`)."""
     names = _names(paths)
     if dtype is not None:
@@ -282,26 +362,40 @@ def open_stream(paths, dtype, eos_id, pad_id=None):
         if dtype.name not in TOKEN_DTYPES:
             raise ValueError(f"TokenFiles: dtype must be one of {', '.join(TOKEN_DTYPES)}, "
                              f"got {dtype!r}")
+    remote_names = [n for n in names if is_remote(n)]
+    units, which = (_remote_units(remote_names, storage_options, cache_dir, cache_bytes)
+                    if remote_names else (None, []))
+    remote_at = iter(which)
     files, ends, megatron, offset, eos_found = [], [], [], 0, False
     for name in names:
         if is_remote(name):
-            raise NotImplementedError(
-                f"TokenFiles: {redact(name)} is remote; token files are read from local "
-                f"paths (or file:// URLs) in this version")
-        path = local_path(name)
-        prefix = _megatron_prefix(path)
-        if prefix is not None:
-            f, doc_ends = _megatron(prefix)
-            megatron.append(True)
+            # Parsed from its copy in the cache (fetched now, whole, in ranged
+            # requests); batches read it by offset from there.
+            us = next(remote_at)
+            local = [units.ensure(u) for u in us]
+            if len(us) == 2:
+                f, doc_ends = _megatron_paths(local[0], local[1], shown=redact(name))
+                megatron.append(True)
+            else:
+                f = _flat_file(local[0], dtype, shown=redact(name))
+                doc_ends = None
+                megatron.append(False)
+            f.unit, f.name = us[-1], redact(name)
         else:
-            f = _flat_file(path, dtype)
-            doc_ends = None
-            megatron.append(False)
+            path = local_path(name)
+            prefix = _megatron_prefix(path)
+            if prefix is not None:
+                f, doc_ends = _megatron(prefix)
+                megatron.append(True)
+            else:
+                f = _flat_file(path, dtype)
+                doc_ends = None
+                megatron.append(False)
         info = np.iinfo(f.dtype)
         for arg, value in (("eos_id", eos_id), ("pad_id", pad_id)):
             if value is not None and not info.min <= value <= info.max:
                 raise ValueError(f"TokenFiles: {arg}={value} is outside the token ids of "
-                                 f"{f.path} ({f.dtype}: {info.min}..{info.max})")
+                                 f"{f.name} ({f.dtype}: {info.min}..{info.max})")
         if doc_ends is None and eos_id is not None:
             doc_ends, found = _eos_ends(f, eos_id)
             eos_found = eos_found or found
@@ -320,6 +414,6 @@ def open_stream(paths, dtype, eos_id, pad_id=None):
         all_ends = np.unique(np.concatenate(ends)) if ends else np.zeros(0, np.int64)
     else:
         all_ends = np.zeros(0, np.int64)
-    stream = TokenStream(files, all_ends, has_documents)
+    stream = TokenStream(files, all_ends, has_documents, units)
     stream.eos_found = eos_found
     return stream
