@@ -359,6 +359,12 @@ class DataLoader:
             state["dataset_state"] = {
                 "num_workers": self.num_workers,
                 "workers": [None if s is None else pickle.loads(s) for s in datasets]}
+        # A dataset whose order is made from more than its length (a text
+        # Mixture: its weights by position) saves that too, to be given back
+        # at load (_netcl_load_state_dict).
+        own = getattr(self.dataset, "_netcl_state_dict", None)
+        if callable(own) and not self.iterable:
+            state["dataset_order"] = own()
         return state
 
     def _state_generation(self, it):
@@ -408,7 +414,13 @@ class DataLoader:
                                                  self.iterable)
         datasets = self._check_dataset_state(state.get("dataset_state"))
         generation = state.get("worker_generation")  # (checked by check_state; older states lack it)
+        # The dataset takes what the state saved of its order (after checking
+        # it; True: its order changed, so workers holding the old copy end).
+        own = getattr(self.dataset, "_netcl_load_state_dict", None)
+        reordered = bool(own(state)) if callable(own) and not self.iterable else False
         # Everything is checked: only now does anything change.
+        if reordered:
+            self._shutdown_pool()
         if seed != self.seed:
             self.seed = seed
             self._maker = self._new_maker()
