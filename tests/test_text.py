@@ -514,6 +514,48 @@ def test_mixture_batches_resume_exactly(tmp_path):
             np.testing.assert_array_equal(g[k], e[k])
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_mixture_weight_change_by_loading_the_state(tmp_path, num_workers):
+    """A state saved under one set of weights, loaded by a loader over a Mixture made
+    with other weights, goes on from its position with the new weights."""
+    sources = _sources(tmp_path)
+    old = Mixture(sources, [0.2, 0.5, 0.3], num_samples=200)
+    with netcl_loader.DataLoader(old, batch_size=10, shuffle=False,
+                                 num_workers=num_workers) as loader:
+        it = iter(loader)
+        done = [next(it) for _ in range(6)]
+        state = json.loads(json.dumps(loader.state_dict()))
+    assert "dataset_order" in state
+    new = Mixture(sources, [0.6, 0.2, 0.2], num_samples=200)
+    expected = old.with_weights([0.6, 0.2, 0.2], 60)
+    with netcl_loader.DataLoader(new, batch_size=10, shuffle=False,
+                                 num_workers=num_workers) as loader:
+        list(loader)                     # a pool on the new weights from 0, ended by the load
+        loader.load_state_dict(state)
+        rest = list(loader)
+    np.testing.assert_array_equal(new.source, expected.source)
+    assert len(rest) == 14
+    for j, batch in enumerate(rest):
+        want = expected.gather_batch(np.arange(60 + 10 * j, 70 + 10 * j), np.empty)
+        for k in want:
+            np.testing.assert_array_equal(batch[k], want[k])
+    for j, batch in enumerate(done):
+        np.testing.assert_array_equal(
+            batch["input_ids"], expected.gather_batch(np.arange(10 * j, 10 * j + 10),
+                                                      np.empty)["input_ids"])
+    # Saved again and loaded with the same weights: the history goes on as it was.
+    with netcl_loader.DataLoader(new, batch_size=10, shuffle=False, num_workers=0) as loader:
+        it = iter(loader)
+        for _ in range(8):
+            next(it)
+        again = loader.state_dict()
+    same = Mixture(sources, [0.6, 0.2, 0.2], num_samples=200)
+    with netcl_loader.DataLoader(same, batch_size=10, shuffle=False, num_workers=0) as loader:
+        loader.load_state_dict(again)
+        list(loader)
+    np.testing.assert_array_equal(same.source, expected.source)
+
+
 def test_mixture_weight_change_at_a_resume(tmp_path):
     sources = _sources(tmp_path)
     mix = Mixture(sources, [0.2, 0.5, 0.3], num_samples=200)

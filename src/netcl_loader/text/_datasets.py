@@ -257,6 +257,12 @@ class Mixture:
     ``(source, pass)``.  The loader's order over the mixture is its own
     (``shuffle=False``: this schedule), so a resume is exact.
 
+    The weights may change at a resume: a loader's ``state_dict()`` holds the
+    weights by position (``"dataset_order"``), and a loader over a Mixture of
+    the same sources made with other weights that loads it goes on from the
+    state's position with the new weights, each source where it stopped
+    (:meth:`with_weights` builds the same mixture by hand).
+
     Parameters
     ----------
     datasets : sequence of map-style datasets
@@ -360,6 +366,43 @@ class Mixture:
 
     def __len__(self):
         return self.num_samples
+
+    # -- the loader's hooks: the weights by position travel with its state ---------
+    def _netcl_state_dict(self):
+        """What the schedule was made from: ``[[first position, weights], ...]``."""
+        return {"segments": [[int(p), [float(x) for x in w]] for p, w in self._segments]}
+
+    def _netcl_load_state_dict(self, state):
+        """Take the weights a loader's ``state`` was saved under, up to its position
+        (``batches_done * batch_size * world_size``: this mixture's own order, as
+        ``shuffle=False`` delivers it); from there on this mixture's weights, each
+        source going on where it stopped.  True when the schedule changed."""
+        saved = state.get("dataset_order")
+        if saved is None:
+            return False
+        try:
+            segments = [(int(p), _check_weights(w, len(self.datasets)))
+                        for p, w in saved["segments"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"cannot resume: the state's dataset_order is not a Mixture's "
+                             f"weights by position for {len(self.datasets)} datasets "
+                             f"({exc})") from None
+        if not segments or segments[0][0] != 0:
+            raise ValueError(f"cannot resume: the state's dataset_order must start at "
+                             f"position 0, got {saved!r:.200}")
+        at = int(state["batches_done"]) * int(state.get("batch_size") or 1) * int(
+            state.get("world_size") or 1)
+        if np.allclose(segments[-1][1], self._segments[-1][1]):
+            new = segments      # the same weights now: the saved history as it was
+        else:
+            new = [s for s in segments if s[0] < at] + [(at, self._segments[-1][1])]
+        if len(new) == len(self._segments) and all(
+                p == q and np.allclose(w, v) for (p, w), (q, v) in zip(new, self._segments)):
+            return False
+        self._segments = new
+        self.weights = new[-1][1]
+        self._build()
+        return True
 
     def _order(self, k, pass_):
         """Source ``k``'s order in pass ``pass_``: its own order first, reshuffled after."""
