@@ -1,9 +1,11 @@
 """The shared-memory ring on its own: layouts, overflow, waits, two processes, memory limits."""
+import importlib.util
 import multiprocessing as mp
 import os
 import subprocess
 import sys
 import textwrap
+import time
 from collections import namedtuple
 
 import numpy as np
@@ -13,6 +15,19 @@ from netcl_loader._ring import FREE, READY, SharedMemoryError
 from netcl_loader.shared_batch import SharedBatchRingBuffer, SlotOverflowError
 
 Pair = namedtuple("Pair", "x y")
+
+# Capabilities, not platforms: Windows has spawn only, no resource module, and
+# no cgroups or /proc/meminfo to tell the memory room (memory_limit says None).
+METHODS = [m if m in mp.get_all_start_methods() else pytest.param(
+    m, marks=pytest.mark.skip(reason=f"no {m!r} start method on this platform"))
+    for m in ("fork", "spawn")]
+
+
+def _needs_memory_room():
+    from netcl_loader.shared_batch import memory_limit
+    if memory_limit().mem_available is None:
+        pytest.skip("this platform tells no memory room: memory_limit reads cgroups and "
+                    "/proc/meminfo, which it lacks")
 
 
 def _same(a, b):
@@ -112,14 +127,13 @@ def _produce(ring, n, seed):
     for i in range(n):
         size = int(rng.integers(1, 64))
         if rng.random() < 0.1:
-            os.sched_yield()
+            time.sleep(0)  # gives up the time slice, as os.sched_yield (POSIX only)
         if rng.random() < 0.02:
-            import time
             time.sleep(float(rng.random()) * 0.002)
         ring.put((np.full(size, i, np.int64), {"i": np.array([i])}), timeout=30)
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("method", METHODS)
 def test_two_processes_thousands_of_slots_nothing_lost_or_duplicated(method):
     n = 3000 if method == "fork" else 1000
     ctx = mp.get_context(method)
@@ -145,6 +159,9 @@ def test_two_processes_thousands_of_slots_nothing_lost_or_duplicated(method):
         ring.wait_ready(timeout=0.01)
 
 
+@pytest.mark.skipif(importlib.util.find_spec("resource") is None,
+                    reason="needs a file-size limit (the resource module) to make memory "
+                           "that cannot be had")
 def test_memory_that_cannot_be_had_fails_at_construction_with_a_remedy():
     code = textwrap.dedent("""
         import resource, signal
@@ -164,6 +181,7 @@ def test_memory_that_cannot_be_had_fails_at_construction_with_a_remedy():
 
 
 def test_more_than_the_machine_has_is_refused_before_touching_memory():
+    _needs_memory_room()
     with pytest.raises(SharedMemoryError, match=r"cannot reserve \d+ bytes .* Remedy"):
         SharedBatchRingBuffer(4, 1 << 50)
 
@@ -186,6 +204,7 @@ def _tree(root, files):
 
 def _limit(tmp_path, cgroup_lines, files, mem_available_kib=64 * 1024 * 1024):
     from netcl_loader.shared_batch import memory_limit
+    _needs_memory_room()
     _tree(tmp_path, {"proc/self/cgroup": cgroup_lines,
                      "proc/meminfo": f"MemTotal: 99999999 kB\nMemAvailable: {mem_available_kib} kB\n",
                      **{"sys/fs/cgroup/" + k: v for k, v in files.items()}})
@@ -265,6 +284,7 @@ def test_memory_limit_without_any_limit_is_mem_available(tmp_path, cgroup_lines,
 
 def test_memory_limit_without_proc_self_cgroup(tmp_path):
     from netcl_loader.shared_batch import memory_limit
+    _needs_memory_room()
     _tree(tmp_path, {"meminfo": "MemAvailable: 1024 kB\n"})
     assert memory_limit(str(tmp_path / "absent"), str(tmp_path / "absent"),
                         str(tmp_path / "meminfo")) == (1 << 20, None, None, 1 << 20)
@@ -609,7 +629,7 @@ def _producer(ring, q, rounds):
         assert ring.publish_batch(slot, writer, batch, (1, 2, 3, 4))
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn"])
+@pytest.mark.parametrize("method", METHODS)
 def test_owner_assigns_producers_publish_owner_waits_and_frees(method):
     """The protocol of the loader, on the ring alone: two producer processes."""
     import multiprocessing as mp
@@ -634,7 +654,9 @@ def test_owner_assigns_producers_publish_owner_waits_and_frees(method):
                 pending.append((seq, slot))
                 seq += 1
             s, slot = pending.pop(0)
-            assert ring.wait_published(np.array([slot], np.uint32), timeout=10) == 0
+            # A bound against a lost publish; the first one waits for the producers to
+            # start too, which takes seconds apiece under spawn on a busy machine.
+            assert ring.wait_published(np.array([slot], np.uint32), timeout=60) == 0
             assert ring.state(slot) == READY
             assert ring.header.times(slot)[:3] == (1, 2, 3)
             batch = ring.read(slot)

@@ -224,6 +224,8 @@ class Rows:
         return np.full(16, i, np.int64)
 
 
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"),
+                    reason="kills a worker with SIGKILL, a POSIX signal")
 def test_lent_batches_outlive_a_dead_worker_and_their_leases_still_end():
     with DataLoader(Rows(), batch_size=4, shuffle=False, num_workers=2, prefetch=2,
                     timeout=30) as dl:
