@@ -288,14 +288,17 @@ class FaultProxy:
     then close.  Requests are forwarded byte for byte, the ``Host`` header
     unchanged (it is part of the S3 signature).  ``counts`` says how many
     requests came and which faults were injected; ``requests`` holds
-    ``(method, path, range)`` of each request.
+    ``(method, path, range)`` of each request.  ``fail(method, path)``, when
+    given, is asked of each request: a status it returns (a 503) is answered
+    instead of the store's (as ``slowdown`` answers).
     """
 
     def __init__(self, upstream_port, slowdown=0.0, reset=0.0, truncate=0.0, seed=0,
-                 always_status=None):
+                 always_status=None, fail=None):
         self.upstream = (HOST, upstream_port)
         self.rates = (slowdown, reset, truncate)
         self.always_status = always_status
+        self.fail = fail
         self.rng = random.Random(seed)
         self.lock = threading.Lock()
         self.counts = {"requests": 0, "slowdown": 0, "reset": 0, "truncate": 0}
@@ -371,8 +374,11 @@ class FaultProxy:
                                           headers.get(b"range", b"").decode()))
                     if fault:
                         self.counts[fault] += 1
-                if self.always_status is not None or fault == "slowdown":
-                    status = 503 if self.always_status is None else self.always_status
+                chosen = None if self.fail is None else self.fail(method.decode(),
+                                                                  path.decode("latin-1"))
+                if self.always_status is not None or fault == "slowdown" or chosen:
+                    status = chosen or (503 if self.always_status is None
+                                        else self.always_status)
                     client.sendall(_error_response(status, method == b"HEAD"))
                     continue
                 if upstream is None:

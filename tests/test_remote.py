@@ -1038,3 +1038,36 @@ def test_the_index_command_takes_storage_options_and_anon(s3, tmp_path):
     assert "indexed" in given.stdout
     bad = subprocess.run(base + ["--storage-option", "novalue"], **run)
     assert bad.returncode == 2 and "expected KEY=VALUE" in bad.stderr
+
+
+@needs_weed
+def test_a_listing_interrupted_resumes_from_the_page_it_reached(s3, tmp_path, monkeypatch):
+    # A prefix listed in pages of 10 (the page size set small; a real store
+    # pages every 1,000): every page after the first fails once with a 503.
+    # Each page is retried on its own, from its continuation token: the first
+    # page is asked for once, not again after each fault.
+    import netcl_loader._store as store_module
+    monkeypatch.setattr(store_module, "LIST_PAGE_KEYS", 10)
+    client = s3.client()
+    jpeg = make_jpegs(tmp_path / "j", 1, size=(16, 16))[0]
+    data = open(jpeg, "rb").read()
+    for c in range(2):
+        for k in range(13):
+            client.put_object(Bucket=s3.bucket, Key=f"paged/c{c}/{k:03d}.jpg", Body=data)
+    failed = set()
+
+    def fail(method, path):
+        if method == "GET" and "list-type=2" in path and "continuation-token" in path:
+            token = path.split("continuation-token=")[1].split("&")[0]
+            if token not in failed:
+                failed.add(token)
+                return 503
+        return None
+    with FaultProxy(s3.port, fail=fail) as proxy:
+        ds = ImageFolder(f"s3://{s3.bucket}/paged/", crop=CROP, cache_dir=tmp_path / "cache",
+                         storage_options=s3.storage_options(proxy.url), retry=FAST)
+        lists = [r for r in proxy.requests if "list-type=2" in r[1]]
+    assert len(ds) == 26 and ds.classes == ["c0", "c1"]
+    firsts = [r for r in lists if "continuation-token" not in r[1]]
+    assert len(failed) == 2 and len(firsts) == 1, lists
+    assert len(lists) == 3 + 2   # three pages, two of them asked again

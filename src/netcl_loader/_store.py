@@ -20,6 +20,8 @@ CHUNK_BYTES = 1 << 20
 #: more when a dataset's max_requests asks; botocore's default of 10 would
 #: queue the rest behind them.
 POOL_CONNECTIONS = 64
+#: Objects asked for per page of an S3 listing (the API's own maximum).
+LIST_PAGE_KEYS = 1000
 
 
 class Counters:
@@ -214,28 +216,38 @@ class Store:
         return out
 
     async def _find_s3(self, url, path):
-        # Page by page, each object kept as an ObjectInfo only: a prefix of a
-        # million images is a few hundred MB of listing dicts otherwise.
+        # Page by page (ListObjectsV2), each object kept as an ObjectInfo only
+        # (a prefix of a million images is a few hundred MB of listing dicts
+        # otherwise), each page its own request under the retry policy: a
+        # listing interrupted by a transient error resumes from the page it
+        # reached (its continuation token), not from its first page.
         fs = self.fs
         bucket, key, _ = fs.split_path(path)
         prefix = key + "/" if key else ""
-
-        async def once():
-            out = {}
-
-            async def walk():
-                async for d in fs._iterdir(bucket, delimiter="", prefix=prefix):
-                    if d.get("type", "file") == "file":
-                        u = self.url(d["name"])
-                        out[u] = _info_of(u, d)
-            await self._timed(walk(), self.retry.deadline_seconds)
-            if not out:
-                # An empty listing: the bucket must still exist (else a
-                # missing bucket would read as an empty folder).
-                await self._timed(fs._call_s3("head_bucket", Bucket=bucket))
-            return out
-        found = await self._run(once, url)
-        return {u: found[u] for u in sorted(found)}
+        out = {}
+        token = None
+        while True:
+            async def page(token=token):
+                kw = dict(Bucket=bucket, Prefix=prefix, MaxKeys=LIST_PAGE_KEYS, **fs.req_kw)
+                if token is not None:
+                    kw["ContinuationToken"] = token
+                return await self._timed(fs._call_s3("list_objects_v2", **kw))
+            resp = await self._run(page, url)
+            for d in resp.get("Contents") or ():
+                name = d.get("Key", "")
+                if name and not name.endswith("/"):   # a "folder" marker is no object
+                    u = self.url(f"{bucket}/{name}")
+                    out[u] = _info_of(u, d)
+            token = resp.get("NextContinuationToken")
+            if not resp.get("IsTruncated") or not token:
+                break
+        if not out:
+            # An empty listing: the bucket must still exist (else a missing
+            # bucket would read as an empty folder).
+            async def bucket_exists():
+                return await self._timed(fs._call_s3("head_bucket", Bucket=bucket))
+            await self._run(bucket_exists, url)
+        return {u: out[u] for u in sorted(out)}
 
     async def ls(self, url):
         """The objects right under the folder ``url`` (one listing request), as
