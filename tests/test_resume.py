@@ -282,7 +282,6 @@ def test_state_is_small_and_json():
 @pytest.mark.parametrize("key,theirs,mine", [
     ("dataset_len", dict(n=20), dict(n=21)),
     ("batch_size", dict(batch_size=4), dict(batch_size=5)),
-    ("world_size", dict(rank=0, world_size=2), dict(rank=0, world_size=3)),
     ("drop_last", dict(drop_last=True), dict(drop_last=False)),
     ("shuffle", dict(shuffle=True), dict(shuffle=False)),
 ])
@@ -296,6 +295,77 @@ def test_mismatch_is_an_error_naming_both_values(key, theirs, mine):
         build(mine).load_state_dict(state)
     msg = str(info.value)
     assert f"{key}={state[key]!r}" in msg and f"{key}={build(mine).state_dict()[key]!r}" in msg
+
+
+@pytest.mark.parametrize("n,old_ws,new_ws,stop,num_workers", [
+    (100, 2, 3, 5, 0), (100, 4, 2, 3, 2), (37, 2, 3, 2, 0), (41, 3, 2, 0, 0)])
+def test_a_state_resumes_under_another_world_size(n, old_ws, new_ws, stop, num_workers):
+    """The state records the global position all ranks reached; the new ranks share out
+    the rest of the epoch's order: over the epoch no sample is repeated or skipped
+    beyond the padding that equal batch counts per rank add."""
+    seen, states = [], []
+    for r in range(old_ws):
+        with make(n, seed=4, rank=r, world_size=old_ws, batch_size=3,
+                  num_workers=num_workers) as loader:
+            it = iter(loader)
+            for _ in range(stop):
+                seen.extend(ids(next(it)))
+            states.append(json.loads(json.dumps(loader.state_dict())))
+    assert states[0]["samples_done"] == stop * 3 * old_ws
+    rest = {}
+    for r in range(new_ws):
+        with make(n, seed=4, rank=r, world_size=new_ws, batch_size=3,
+                  num_workers=num_workers) as loader:
+            loader.load_state_dict(states[r % old_ws])
+            rest[r] = epoch(loader)
+            assert loader.state_dict()["epoch"] == 1
+            # The next epoch is whole again, as this world_size shares it out.
+            with make(n, seed=4, rank=r, world_size=new_ws, batch_size=3) as fresh:
+                fresh.set_epoch(1)
+                assert epoch(loader) == epoch(fresh)
+    assert len({len(b) for b in rest.values()}) == 1       # every rank the same batch count
+    left = [i for r in range(new_ws) for b in rest[r] for i in b]
+    remaining = n - len(seen)
+    assert len(left) == -(-remaining // new_ws) * new_ws   # padded to a multiple of new_ws
+    assert sorted(set(seen + left)) == list(range(n))
+    assert len(seen) + len(set(left)) == n and not set(seen) & set(left)
+
+
+def test_a_resharded_state_resumes_again_at_its_position():
+    """A state taken inside a resharded epoch holds where that epoch started."""
+    n = 60
+    with make(n, seed=2, rank=0, world_size=2, batch_size=2) as loader:
+        it = iter(loader)
+        for _ in range(4):
+            next(it)
+        state = loader.state_dict()
+    with make(n, seed=2, rank=1, world_size=3, batch_size=2) as loader:
+        loader.load_state_dict(state)
+        it = iter(loader)
+        first = [ids(next(it)) for _ in range(2)]
+        inner = json.loads(json.dumps(loader.state_dict()))
+        tail = [ids(b) for b in it]
+    assert inner["order_start"] == 16 and inner["samples_done"] == 16 + 2 * 2 * 3
+    with make(n, seed=2, rank=1, world_size=3, batch_size=2) as loader:
+        loader.load_state_dict(inner)
+        assert epoch(loader) == tail
+    assert first
+
+
+def test_world_size_change_with_a_dataset_of_its_own_order_is_an_error():
+    class ShardOrdered(ArrayDataset):
+        """A dataset whose ranks read their own shards (as TarImages' windows do)."""
+
+        def _netcl_order(self, seed, epoch, shuffle, rank, world_size, drop_last):
+            return None
+
+    def build(ws):
+        return DataLoader(ShardOrdered(np.arange(20)), batch_size=2, num_workers=0, seed=0,
+                          rank=0, world_size=ws)
+    state = build(2).state_dict()
+    assert "samples_done" not in state
+    with pytest.raises(ValueError, match="world_size=2.*world_size=3"):
+        build(3).load_state_dict(state)
 
 
 def test_bad_states_are_refused():

@@ -29,8 +29,8 @@ from ._epoch import EpochIterator
 from ._errors import LoaderTimeout
 from ._options import (BATCH_SIZE, DROP_LAST, PUBLIC_ATTRIBUTES, SHUFFLE, Unset,
                        check_flag, check_options, is_iterable_dataset, resolve_context)  # noqa: F401
-from ._order import (STATE_VERSION, check_state, epoch_length, epoch_order, group,
-                     index_batches, length_or_none, num_batches)
+from ._order import (STATE_VERSION, check_state, epoch_length, epoch_order, global_order, group,
+                     index_batches, length_or_none, local_order, num_batches, shard_length)
 from ._loopthread import paused as stores_paused
 from ._pool import Pool, WorkerError
 from ._prefetch import Prefetcher
@@ -204,6 +204,9 @@ class DataLoader:
         self._resume_dataset = None
         self._stopped_dataset = None
         self._prestarted = None      # (iterator, config) of the next epoch, started early
+        # (epoch, position): that epoch goes on over the global order from this
+        # position, shared out anew (a state saved under another world_size).
+        self._order_start = None
         self._active = None          # weakref to the running iterator
         self._token = 0
         self._prefetcher = None      # fetches remote data ahead (made at the first epoch)
@@ -252,9 +255,29 @@ class DataLoader:
             if not self._batched:
                 return ([i] for i in self.sampler)
             return group(iter(self.sampler), self.batch_size, self.drop_last)
-        order = epoch_order(self.dataset, len(self.dataset), self.seed, epoch, self.shuffle,
-                            self.rank, self.world_size, self.drop_last)
+        start = self._start_of(epoch)
+        if start:
+            # The rest of the epoch's global order, from where all the ranks of
+            # a state saved under another world_size had come together.
+            order = global_order(len(self.dataset), self.seed, epoch, self.shuffle)[start:]
+            order = local_order(order, self.rank, self.world_size, self.drop_last)
+        else:
+            order = epoch_order(self.dataset, len(self.dataset), self.seed, epoch, self.shuffle,
+                                self.rank, self.world_size, self.drop_last)
         return iter(index_batches(order, self.batch_size, self.drop_last))
+
+    def _start_of(self, epoch):
+        """Where ``epoch`` starts in its global order (0 but after a resharded resume)."""
+        if self._order_start is not None and self._order_start[0] == epoch:
+            return self._order_start[1]
+        return 0
+
+    def _reshardable(self):
+        """Whether a state saved under another world_size can be resumed: the built-in
+        order (a permutation of the whole dataset, shared out by ranks)."""
+        return (not self.iterable and self.sampler is None and self.batch_sampler is None
+                and self.batch_size is not None
+                and getattr(self.dataset, "_netcl_order", None) is None)
 
     def _gate(self, tasks, progress):
         """The gate an epoch's ``tasks`` pass through when the dataset reads remote
@@ -309,6 +332,8 @@ class DataLoader:
         self._epoch_from_caller = True
         if self._resume is not None and self._resume[0] != epoch:
             self._resume = self._resume_dataset = None
+        if self._resume is None:
+            self._order_start = None  # the epoch runs whole
         self._stopped = self._stopped_dataset = None
 
     # -- resume --------------------------------------------------------------
@@ -351,6 +376,13 @@ class DataLoader:
         state = {"version": STATE_VERSION, "epoch": int(epoch), "batches_done": int(prefix),
                  "extra_done": [int(x) for x in extra], **self._state_config(),
                  "worker_generation": self._state_generation(it)}
+        if self._reshardable():
+            # How much of the epoch's global order all ranks together consumed
+            # (they move in step): what a loader with another world_size goes
+            # on from.
+            start = self._start_of(epoch)
+            state["order_start"] = int(start)
+            state["samples_done"] = int(start + prefix * self.batch_size * self.world_size)
         if self._keeps_dataset_state():
             if self.num_workers == 0 and datasets is None:
                 datasets = [dataset_state(self.dataset)]
@@ -405,13 +437,47 @@ class DataLoader:
         The rank is not checked: with in-order delivery every rank is at the
         same position, so a state saved by rank 0 resumes every rank.  A state
         with another seed restarts the worker pool (workers seed from it).
+
+        A state saved under another ``world_size`` (with the built-in order)
+        resumes from the position all its ranks had reached together
+        (``samples_done`` of the epoch's global order): this loader's ranks
+        share out the rest of that epoch's order, so over the epoch no sample
+        is repeated or skipped, beyond the padding that equal batch counts per
+        rank add when the rank count does not divide what is left.  The
+        following epochs are whole.  Not with a sampler, a batch sampler, a
+        dataset that orders its own shards, or out-of-order batches done past
+        the position (``in_order=False``).
         """
         try:
             n_batches = len(self)
         except TypeError:  # an iterable dataset without a length: resumed by replay
             n_batches = None
-        epoch, prefix, extra, seed = check_state(state, self._state_config(), n_batches,
-                                                 self.iterable)
+        mine = self._state_config()
+        theirs = state.get("world_size") if isinstance(state, dict) else None
+        reshard = (theirs != self.world_size and isinstance(theirs, int)
+                   and not isinstance(theirs, bool) and theirs >= 1 and self._reshardable())
+        if reshard:
+            # Saved under another world_size: checked as that loader's state,
+            # then resumed from the global position its ranks had reached.
+            mine = {**mine, "world_size": theirs}
+            n_batches = num_batches(shard_length(len(self.dataset), theirs, self.drop_last),
+                                    self.batch_size, self.drop_last)
+        epoch, prefix, extra, seed = check_state(state, mine, n_batches, self.iterable)
+        start = state.get("order_start", 0) if self._reshardable() else 0
+        n = len(self.dataset) if not self.iterable else 0
+        if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= n:
+            raise ValueError(f"cannot resume: the state's order_start must be an int in "
+                             f"[0, {n}], got {start!r}")
+        if reshard:
+            if extra:
+                raise ValueError(f"cannot resume with world_size={self.world_size} a state "
+                                 f"saved with world_size={theirs} while batches "
+                                 f"{sorted(extra)} past its position were done out of order "
+                                 f"(in_order=False); save it with in_order=True")
+            start = min(n, start + prefix * self.batch_size * theirs)
+            prefix = 0
+            if start >= n:
+                epoch, start = epoch + 1, 0   # that epoch was done
         datasets = self._check_dataset_state(state.get("dataset_state"))
         generation = state.get("worker_generation")  # (checked by check_state; older states lack it)
         # The dataset takes what the state saved of its order (after checking
@@ -432,6 +498,9 @@ class DataLoader:
                 self._generation = int(generation)
         self._next_epoch = epoch
         self._epoch_from_caller = True
+        self._order_start = (epoch, start) if start else None
+        if start:
+            self._discard_prestarted()  # made over the whole epoch's order
         self._resume = (epoch, prefix, extra)
         self._resume_dataset = datasets
         self._stopped = self._stopped_dataset = None
