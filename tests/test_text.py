@@ -392,6 +392,33 @@ def test_ranks_cover_the_epoch(tmp_path):
     assert set(seen) == rows
 
 
+@pytest.mark.parametrize("old_ws,new_ws", [(2, 3), (4, 2)])
+def test_resume_across_world_sizes_covers_the_epoch_once(tmp_path, old_ws, new_ws):
+    docs = make_docs(120, seed=13)
+    ds = TokenFiles(write_bin(tmp_path / "ws.bin", docs), 10, dtype="uint16", eos_id=EOS,
+                    pack="documents", shuffle_window=16)
+    rows = [tuple(r) for r in ds.gather_batch(np.arange(len(ds)), np.empty)["input_ids"]]
+    assert len(set(rows)) == len(rows)
+    seen, state = [], None
+    for rank in range(old_ws):
+        with netcl_loader.DataLoader(ds, batch_size=2, num_workers=0, seed=3, rank=rank,
+                                     world_size=old_ws) as loader:
+            it = iter(loader)
+            for _ in range(3):
+                seen.extend(map(tuple, next(it)["input_ids"]))
+            state = json.loads(json.dumps(loader.state_dict()))
+    left = []
+    for rank in range(new_ws):
+        with netcl_loader.DataLoader(ds, batch_size=2, num_workers=2, seed=3, rank=rank,
+                                     world_size=new_ws) as loader:
+            loader.load_state_dict(state)
+            for b in loader:
+                left.extend(map(tuple, b["input_ids"]))
+    assert not set(seen) & set(left)
+    assert set(seen) | set(left) == set(rows)
+    assert len(left) - len(set(left)) < new_ws            # only the padding repeats
+
+
 def test_a_tiny_llama_learns_from_the_torch_face(tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")

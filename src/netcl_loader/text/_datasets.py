@@ -390,8 +390,10 @@ class Mixture:
         if not segments or segments[0][0] != 0:
             raise ValueError(f"cannot resume: the state's dataset_order must start at "
                              f"position 0, got {saved!r:.200}")
-        at = int(state["batches_done"]) * int(state.get("batch_size") or 1) * int(
-            state.get("world_size") or 1)
+        at = state.get("samples_done")
+        if not isinstance(at, int):
+            at = int(state["batches_done"]) * int(state.get("batch_size") or 1) * int(
+                state.get("world_size") or 1)
         if np.allclose(segments[-1][1], self._segments[-1][1]):
             new = segments      # the same weights now: the saved history as it was
         else:
