@@ -85,16 +85,29 @@ def pack_documents(starts, lengths, seq_len, window):
     """
     p_start, p_len, doc = cut_pieces(starts, lengths, seq_len)
     first = np.searchsorted(doc, np.arange(0, len(lengths) + window, window))
-    rows, order = [0], []
+    counts, order = [], []
     for w in range(len(first) - 1):
         a, b = int(first[w]), int(first[w + 1])
         if a == b:
             continue
-        for bin_ in best_fit_decreasing(p_len[a:b], seq_len):
-            order.extend(a + i for i in bin_)
-            rows.append(len(order))
-    order = np.asarray(order, np.int64)
-    return np.asarray(rows, np.int64), p_start[order], p_len[order]
+        # A full piece opens a row of its own (no open row has room for it), so
+        # best-fit decreasing places the full pieces first, one per row, in
+        # order: only the others go through the search.
+        full = p_len[a:b] == seq_len
+        whole = np.flatnonzero(full) + a
+        order.append(whole)
+        counts.append(np.ones(len(whole), np.int64))
+        rest = np.flatnonzero(~full) + a
+        if len(rest):
+            bins = best_fit_decreasing(p_len[rest], seq_len)
+            order.append(rest[np.fromiter((i for bin_ in bins for i in bin_), np.int64,
+                                          len(rest))])
+            counts.append(np.fromiter((len(bin_) for bin_ in bins), np.int64, len(bins)))
+    order = np.concatenate(order) if order else np.zeros(0, np.int64)
+    rows = np.zeros(sum(len(c) for c in counts) + 1, np.int64)
+    if counts:
+        np.cumsum(np.concatenate(counts), out=rows[1:])
+    return rows, p_start[order], p_len[order]
 
 
 def _finish(ids, starts, bad, pads, last_label, alloc, shift_labels):
