@@ -19,7 +19,8 @@ when the test inside it fails.  ``fault`` is one of:
 - ``"overlong-body"``: a range answered 206 correctly, then 50 stray bytes
   after the body on the same connection (a body longer than its length).
 
-``requests`` counts the GETs served.
+``requests`` counts the GETs served, ``not_modified`` those answered 304 (a
+correct origin answers If-None-Match of its ETag so).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import http.server
 import re
 import socketserver
 import threading
+import zlib
 
 HOST = "127.0.0.1"
 
@@ -42,6 +44,8 @@ class FaultHTTP:
         self.files = dict(files)
         self.fault = fault
         self.requests = 0
+        self.heads = 0
+        self.not_modified = 0   # GETs answered 304 (If-None-Match of the current ETag)
         self.lock = threading.Lock()
         self.server = None
         self.thread = None
@@ -57,6 +61,8 @@ class FaultHTTP:
                 pass
 
             def do_HEAD(self):
+                with owner.lock:
+                    owner.heads += 1
                 self._answer(head=True)
 
             def do_GET(self):
@@ -72,12 +78,20 @@ class FaultHTTP:
                     self.end_headers()
                     return
                 fault = owner.fault
+                etag = f'"{zlib.crc32(data):08x}"'   # changes with the bytes
+                if fault is None and self.headers.get("If-None-Match") == etag:
+                    with owner.lock:
+                        owner.not_modified += 1
+                    self.send_response(304)
+                    self.send_header("ETag", etag)
+                    self.end_headers()
+                    return
                 rng = self.headers.get("Range")
                 m = re.fullmatch(r"bytes=(\d+)-(\d*)", rng or "")
                 if fault == "no-length":
                     self.protocol_version = "HTTP/1.0"   # the body ends with the connection
                     self.send_response(200)
-                    self.send_header("ETag", '"v1"')
+                    self.send_header("ETag", etag)
                     self.send_header("Connection", "close")
                     self.end_headers()
                     if not head:
@@ -89,7 +103,7 @@ class FaultHTTP:
                     self.send_response(200)
                     self.send_header("Content-Encoding", "gzip")
                     self.send_header("Content-Length", str(len(body)))
-                    self.send_header("ETag", '"v1"')
+                    self.send_header("ETag", etag)
                     self.end_headers()
                     if not head:
                         self.wfile.write(body)
@@ -98,7 +112,7 @@ class FaultHTTP:
                     self.send_response(200)
                     self.send_header("Content-Length", str(len(data)))
                     self.send_header("Accept-Ranges", "bytes")
-                    self.send_header("ETag", '"v1"')
+                    self.send_header("ETag", etag)
                     self.end_headers()
                     if not head:
                         self.wfile.write(data)
@@ -118,7 +132,7 @@ class FaultHTTP:
                     # reach the client together.
                     self.wfile.write(
                         f"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {lo}-{hi - 1}/"
-                        f"{len(data)}\r\nContent-Length: {len(body)}\r\nETag: \"v1\"\r\n"
+                        f"{len(data)}\r\nContent-Length: {len(body)}\r\nETag: {etag}\r\n"
                         f"\r\n".encode() + body + b"\xee" * 50)
                     self.close_connection = True
                     return
@@ -127,7 +141,7 @@ class FaultHTTP:
                     self.send_header("Content-Range",
                                      f"bytes {shown[0]}-{shown[1] - 1}/{len(data)}")
                 self.send_header("Content-Length", str(len(body)))
-                self.send_header("ETag", '"v1"')
+                self.send_header("ETag", etag)
                 self.end_headers()
                 self.wfile.write(body)
 

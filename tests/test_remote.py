@@ -403,9 +403,14 @@ def test_http_files_give_the_local_files_batches(photos, tmp_path, num_workers, 
                   multiprocessing_context=context)
         with DataLoader(same, **kw) as a, DataLoader(remote, **kw) as b:
             assert_same(batches(b), batches(a))
+        # HTTP files are not asked about at construction (no request per file):
+        # a missing one is named when a batch needs it.
+        missing = ImageFiles(urls[:3] + [server.url + "/class1/no-such-file.jpg"],
+                             [0, 1, 2, 3], crop=CROP, cache_dir=tmp_path / "cache", retry=FAST)
         with pytest.raises(FileNotFoundError) as e:
-            ImageFiles(urls[:3] + [server.url + "/class1/no-such-file.jpg"], [0, 1, 2, 3],
-                       cache_dir=tmp_path / "cache", retry=FAST)
+            with DataLoader(missing, batch_size=4, num_workers=num_workers,
+                            multiprocessing_context=context) as loader:
+                batches(loader)
         assert server.url + "/class1/no-such-file.jpg" in str(e.value)
         with pytest.raises(ValueError, match="no listing"):
             ImageFolder(server.url + "/", cache_dir=tmp_path / "cache", retry=FAST)

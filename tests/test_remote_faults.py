@@ -372,6 +372,52 @@ def test_a_url_signed_again_keeps_its_cache_entry(jpegs, tmp_path):
         with DataLoader(again, batch_size=4, shuffle=False) as loader:
             b = [np.array(y) for _, y in loader]
             hits = loader.stats.cache_hits
-        assert srv.requests == fetched and fetched == 8
+        # The second run asks only whether each copy is current: 304, no body.
+        assert fetched == 8 and srv.requests == 16 and srv.not_modified == 8
     assert hits == 8
     assert all((x == y).all() for x, y in zip(a, b))
+
+
+def test_http_files_send_no_request_at_construction_and_a_changed_file_is_read_again(
+        jpegs, tmp_path):
+    # A million HTTP files were a million HEADs before the first batch: now
+    # none.  Each file is sized by its fetch; a copy in the cache is used once
+    # the server says it is current (If-None-Match: 304), and a file changed
+    # on the server is read again, never served stale from the cache.
+    names = sorted(jpegs)[:8]
+    local = tmp_path / "local"
+    local.mkdir()
+    for n in names:
+        (local / n[1:]).write_bytes(jpegs[n])
+    kw = dict(crop=CROP, cache_dir=tmp_path / "cache", retry=FAST)
+    lk = dict(batch_size=4, shuffle=True, seed=5)
+
+    def epoch(ds):
+        with DataLoader(ds, **lk) as loader:
+            return [(np.array(x), np.array(y)) for x, y in loader], loader.stats
+
+    def same(a, b):
+        for (xa, ya), (xb, yb) in zip(a, b):
+            np.testing.assert_array_equal(ya, yb)
+            np.testing.assert_array_equal(xa, xb)
+    with FaultHTTP({n: jpegs[n] for n in names}) as srv:
+        urls = [srv.url + n for n in names]
+        ds = ImageFiles(urls, list(range(8)), **kw)
+        assert srv.heads == 0 and srv.requests == 0
+        got, _ = epoch(ds)
+        same(got, epoch(ImageFiles([str(local / n[1:]) for n in names], list(range(8)),
+                                   crop=CROP))[0])
+        assert srv.heads == 0 and srv.requests == 8
+        # The file at position 3 changes on the server (and locally, to compare).
+        other = sorted(jpegs)[20]
+        srv.files[names[3]] = jpegs[other]
+        (local / names[3][1:]).write_bytes(jpegs[other])
+        got, stats = epoch(ImageFiles(urls, list(range(8)), **kw))
+        assert srv.requests == 16 and srv.not_modified == 7 and stats.cache_hits == 7
+        same(got, epoch(ImageFiles([str(local / n[1:]) for n in names], list(range(8)),
+                                   crop=CROP))[0])
+        # A file gone: named when a batch needs it.
+        del srv.files[names[6]]
+        with pytest.raises(FileNotFoundError) as e:
+            epoch(ImageFiles(urls, list(range(8)), **kw))
+    assert urls[6] in str(e.value)

@@ -311,6 +311,25 @@ class Cache:
     def index_path(self, key):
         return os.path.join(self.index_dir, key + ".npz")
 
+    def keep_etag(self, key, etag):
+        """Keep the ETag that entry ``key``'s bytes came with (for an object whose
+        version is asked of the server when it is read: If-None-Match)."""
+        path = os.path.join(self.index_dir, key + ".etag")
+        tmp = f"{path}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(etag)
+            os.replace(tmp, path)
+        except OSError:
+            _unlink(tmp)
+
+    def kept_etag(self, key):
+        try:
+            with open(os.path.join(self.index_dir, key + ".etag"), encoding="utf-8") as f:
+                return f.read() or None
+        except (OSError, ValueError):
+            return None
+
     def clear(self):
         """Remove every entry and index (for tests and for a user who wants the space back)."""
         with self._locked() as fd:

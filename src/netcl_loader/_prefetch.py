@@ -69,7 +69,7 @@ class Units:
     """
 
     def __init__(self, urls, remote, sizes, versions, etags, store, cache, sample_units=None,
-                 max_requests=MAX_REQUESTS):
+                 max_requests=MAX_REQUESTS, unversioned=None):
         self.urls = urls
         self.remote = np.asarray(remote, bool)
         self.sizes = np.asarray(sizes, np.int64)
@@ -79,6 +79,10 @@ class Units:
         self.cache = cache
         self.sample_units = sample_units
         self.max_requests = int(max_requests)
+        # Units whose version was not asked for before the first batch (HTTP
+        # files: no request per file at construction): an entry the cache holds
+        # for one is used only once the server says it is current (If-None-Match).
+        self.unversioned = None if unversioned is None else np.asarray(unversioned, bool)
         self._keys = {}
 
     def __getstate__(self):
@@ -88,6 +92,9 @@ class Units:
 
     def __len__(self):
         return len(self.urls)
+
+    def is_unversioned(self, u):
+        return self.unversioned is not None and bool(self.unversioned[u])
 
     @property
     def any_remote(self):
@@ -132,7 +139,14 @@ class Units:
         """Unit ``u``'s local path, fetching it now if it is not in the cache (a
         read outside a loader, or a cache entry some other process evicted)."""
         path = self.path(u)
-        if not self.remote[u] or os.path.exists(path):
+        if not self.remote[u]:
+            return path
+        if self.is_unversioned(u):
+            body = self.store.sync(self.fetch_bytes, u, None)
+            if body is not None:
+                self.put_bytes(u, body)
+            return path
+        if os.path.exists(path):
             return path
         size = int(self.sizes[u])
         if size < 0:
@@ -205,8 +219,52 @@ class Units:
                 raise t.exception()
 
     async def fetch_bytes(self, u, sem):
+        """The bytes of unit ``u`` (of unknown size), whole; None when ``u`` is
+        unversioned and the copy in the cache is current (the server answered
+        304 to its ETag)."""
+        if sem is None:
+            return await self._fetch_bytes(u)
         async with sem:
+            return await self._fetch_bytes(u)
+
+    async def _fetch_bytes(self, u):
+        if not self.is_unversioned(u):
             return await self.store.read(self.urls[u], self.etags[u])
+        key, cache = self.key(u), self.cache
+        known = cache.kept_etag(key) if cache.has(key) else None
+        data, etag = await self.store.read_http(self.urls[u], known)
+        if data is None:
+            if cache.has(key):
+                return None
+            data, etag = await self.store.read_http(self.urls[u])
+        elif cache.has(key):
+            cache.evict(key)   # another version: the new bytes take its place
+        return _Body(data, etag)
+
+    def put_bytes(self, u, data):
+        """Put the whole bytes of ``u`` into the cache (room made by :meth:`_room`)."""
+        part = self._room(u, len(data))
+        try:
+            part.write_at(0, data)
+        except BaseException:
+            part.abort()
+            raise
+        part.commit()
+        self.keep_etag(u, data)
+
+    def keep_etag(self, u, data):
+        etag = getattr(data, "etag", None)
+        if etag and self.is_unversioned(u):
+            self.cache.keep_etag(self.key(u), etag)
+
+
+class _Body(bytes):
+    """An object's bytes with the ETag its answer gave (None: none given)."""
+
+    def __new__(cls, data, etag):
+        self = super().__new__(cls, data)
+        self.etag = etag
+        return self
 
 
 class _Figures:
@@ -247,7 +305,7 @@ class Prefetcher:
             # What an earlier loader (or the index pass) left in the cache is
             # this loader's to use and to evict by its schedule.
             for u in np.flatnonzero(units.remote).tolist():
-                if self.cache.has(units.key(u)):
+                if not units.is_unversioned(u) and self.cache.has(units.key(u)):
                     self.present.add(u)
         c = self.store.counters
         self._base = (c.requests, c.retries, c.bytes)
@@ -316,6 +374,7 @@ class Prefetcher:
             # The first time a batch needs it: found in the cache is a hit.
             self.seen.add(u)
             if u in self.present or (u not in self.inflight
+                                     and not self.units.is_unversioned(u)
                                      and self.cache.has(self.units.key(u))):
                 self.present.add(u)
                 self.figures.hits += 1
@@ -360,6 +419,9 @@ class Prefetcher:
             elif fut.exception() is not None:
                 self.failed[u] = fut.exception()
             elif fut.result() is None:
+                if self.units.is_unversioned(u) and self.units.sizes[u] < 0 and \
+                        self.cache.has(self.units.key(u)):
+                    self.figures.hits += 1   # the copy kept was current (304)
                 self.present.add(u)
                 self.seen.add(u)
             else:
@@ -650,6 +712,7 @@ class Gate:
             try:
                 part.write_at(0, data)
                 part.commit()
+                self.units.keep_etag(u, data)
             except BaseException as exc:  # noqa: BLE001
                 part.abort()
                 pf.failed[u] = exc

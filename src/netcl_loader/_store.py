@@ -278,6 +278,52 @@ class Store:
         await self.fetch(url, 0, None, parts.append, etag)
         return b"".join(parts)
 
+    async def read_http(self, url, known_etag=None):
+        """``(bytes, etag)`` of the whole HTTP object ``url`` (its ETag None when the
+        server gives none), or ``(None, known_etag)`` when the server says it still
+        has the ETag ``known_etag`` (304: the copy kept is current).  One GET:
+        no HEAD before it, so that a dataset of a million files sends no request
+        per file before its first batch; the size is the body's."""
+        out = {}
+
+        async def once():
+            fs = self.fs
+            session = await fs.set_session()
+            kw = dict(fs.kwargs)
+            headers = dict(kw.pop("headers", None) or {})
+            if known_etag:
+                headers["If-None-Match"] = known_etag
+            r = await self._timed(session.get(fs.encode_url(url), headers=headers, **kw))
+            try:
+                if r.status == 304 and known_etag:
+                    return None, known_etag
+                if r.status == 404:
+                    raise FileNotFoundError(errno.ENOENT, "HTTP 404", redact(url))
+                if r.status >= 400:
+                    r.raise_for_status()
+                if r.status != 200:
+                    raise BadResponse(errno.EIO, f"HTTP {r.status} to a request for the whole "
+                                                 f"object (expected 200)")
+                encoded = r.headers.get("Content-Encoding", "identity").lower() not in (
+                    "identity", "")
+                parts, n = [], 0
+                while True:
+                    chunk = await self._timed(r.content.read(CHUNK_BYTES),
+                                              self.retry.read_timeout_seconds)
+                    if not chunk:
+                        break
+                    n += len(chunk)
+                    self.counters.bytes += len(chunk)
+                    parts.append(chunk)
+                if not encoded and r.content_length is not None and n != r.content_length:
+                    raise Truncated(errno.EIO, f"the body has {n} of its {r.content_length} "
+                                               f"bytes")
+                return b"".join(parts), r.headers.get("ETag")
+            finally:
+                r.release()
+        out = await self._run(once, url)
+        return out
+
     async def fetch(self, url, start, end, sink, etag=None):
         """Bytes ``[start, end)`` of ``url`` (``end`` None: to its end), handed to
         ``sink(chunk)`` in order.  A retry asks only for what was not received;

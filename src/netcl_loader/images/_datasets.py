@@ -453,9 +453,12 @@ class ImageFiles(_ImageDataset):
 
     Files in object storage are named by URL (``s3://``, ``http(s)://``,
     ``gs://``, ``az://``; ``file://`` is a local path).  Each is listed at
-    construction (one listing per folder where the store has listings, a
-    HEAD per file over HTTP): a missing file or bucket is a
-    FileNotFoundError naming its URL, refused credentials a PermissionError.
+    construction (one listing per folder where the store has listings): a
+    missing file or bucket is a FileNotFoundError naming its URL, refused
+    credentials a PermissionError.  HTTP(S) files are not asked about at
+    construction (no request per file): each is sized by its fetch, a copy
+    in the cache is used once the server says it is current (If-None-Match),
+    and a missing one is a FileNotFoundError naming it when a batch needs it.
     A loader fetches the files of the coming batches ahead of its workers,
     many requests in flight (``MAX_FILE_REQUESTS``) in the order the batches
     need them, into ``cache_dir``, never holding more than ``cache_bytes``
@@ -560,7 +563,7 @@ class ImageFiles(_ImageDataset):
         if remote.any():
             self._units = remote_files(_NameTexts(self._names), remote, storage_options, retry,
                                        cache_dir, cache_bytes, "ImageFiles",
-                                       max_requests=max_requests)
+                                       max_requests=max_requests, sized_by_fetch=True)
 
     def path(self, i):
         """The file of sample ``i`` (str)."""

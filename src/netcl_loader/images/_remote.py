@@ -14,7 +14,7 @@ import numpy as np
 from .._cache import Cache, _own_folder, default_cache_dir, entry_key
 from .._prefetch import BLOCK_BYTES, MAX_FILE_REQUESTS, MAX_REQUESTS, Units
 from .._retry import Retry
-from .._store import POOL_CONNECTIONS, Store
+from .._store import POOL_CONNECTIONS, ObjectInfo, Store
 from .._urls import expand_braces, is_remote, local_path, redact, scheme_of
 from ._tarindex import _TAR_INDEX_VERSION, _TarIndex
 
@@ -443,18 +443,28 @@ class TextArray:
 
 
 def remote_files(names, remote, storage_options, retry, cache_dir, cache_bytes, what,
-                 infos=None, store=None, max_requests=None):
+                 infos=None, store=None, max_requests=None, sized_by_fetch=False):
     """The :class:`~.._prefetch.Units` of image files, one per file: ``names[u]``
     (a sequence of str, kept as the units' names) is a local path or a URL,
     ``remote[u]`` whether it is a URL.  Every remote file is listed (or given
     in ``infos``, in the order of the remote names) at construction: a missing
-    one is a FileNotFoundError naming its URL."""
+    one is a FileNotFoundError naming its URL.  ``sized_by_fetch``: HTTP(S)
+    files (which no listing sizes) are not asked about at construction but
+    fetched whole, sized on arrival (small files: images)."""
     remote = np.asarray(remote, bool)
     max_requests = _count(max_requests, "max_requests", what, 1) or MAX_FILE_REQUESTS
     urls = [names[u] for u in np.flatnonzero(remote).tolist()]
     if store is None:
         store = store_of(urls, storage_options, retry, what, max_requests)
-    if infos is None:
+    unversioned = None
+    if infos is None and sized_by_fetch and store.protocol in ("http", "https"):
+        # No request per file at construction (a million files would be a
+        # million HEADs before the first batch): each file is sized by its
+        # fetch, and a copy in the cache is used once the server says it is
+        # current.  A missing file is named when a batch needs it.
+        infos = [ObjectInfo(u, -1) for u in urls]
+        unversioned = remote
+    elif infos is None:
         infos, _ = infos_of(store, urls, with_sidecars=False)
     sizes = np.full(len(remote), -1, np.int64)
     sizes[remote] = [i.size for i in infos]
@@ -477,7 +487,7 @@ def remote_files(names, remote, storage_options, retry, cache_dir, cache_bytes, 
         versions[u] = info.version
         etags[u] = strong_etag(info.etag)
     return Units(names, remote, sizes, TextArray(versions), TextArray(etags), store, cache,
-                 max_requests=max_requests)
+                 max_requests=max_requests, unversioned=unversioned)
 
 
 def list_folder(root, storage_options, retry, extensions, what, max_requests=None):
