@@ -115,16 +115,51 @@ def test_a_file_of_unknown_size_larger_than_the_cache_is_an_error_at_once(jpegs,
     assert "cache_bytes=1000" in r.stdout and srv.url in r.stdout
 
 
-def test_a_shard_without_a_size_is_refused_naming_it(tmp_path):
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tf:
-        info = tarfile.TarInfo("a.cls")
-        info.size = 1
-        tf.addfile(info, io.BytesIO(b"0"))
-    with FaultHTTP({"/s.tar": buf.getvalue()}, "gzip") as srv:
-        with pytest.raises(ValueError, match="no size for the shard") as e:
-            TarImages(srv.url + "/s.tar", crop=CROP, cache_dir=tmp_path, retry=FAST)
-    assert srv.url + "/s.tar" in str(e.value)
+@pytest.mark.parametrize("fault", ["no-length", "gzip"])
+def test_a_shard_without_a_size_is_fetched_whole_and_gives_the_local_batches(jpegs, tmp_path,
+                                                                            fault):
+    # A shard the server gives no size for (no Content-Length; gzip, whose
+    # length is the encoded one): fetched whole, sized on arrival, indexed
+    # from those bytes; never read in ranges (such a server ignores them).
+    names = sorted(jpegs)
+    shards, local = {}, []
+    for s in range(4):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            for k in range(6):
+                i = 6 * s + k
+                for name, data in ((f"s{i:04d}.jpg", jpegs[names[i]]),
+                                   (f"s{i:04d}.cls", str(i % 3).encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tf.addfile(info, io.BytesIO(data))
+        shards[f"/shard-{s}.tar"] = buf.getvalue()
+        path = tmp_path / f"shard-{s}.tar"
+        path.write_bytes(buf.getvalue())
+        local.append(str(path))
+    with FaultHTTP(shards, fault) as srv:
+        r = run_child(f"""
+            import numpy as np
+            from netcl_loader import DataLoader
+            from netcl_loader.images import TarImages, RandomResizedCrop, Retry
+            crop = RandomResizedCrop(32, scale=(0.5, 1.0))
+            remote = TarImages("{srv.url}/shard-{{0..3}}.tar", crop=crop, shuffle_window=2,
+                               cache_dir={str(tmp_path / "cache")!r},
+                               retry=Retry(attempts=3, backoff_seconds=0.005,
+                                           deadline_seconds=20))
+            local = TarImages({local!r}, crop=crop, shuffle_window=2)
+            kw = dict(batch_size=5, shuffle=True, seed=2, num_workers=0)
+            remote._units.cache.clear()   # the epoch fetches every shard again, whole
+            for _ in range(2):
+                a = [(np.array(x), np.array(y)) for x, y in DataLoader(local, **kw)]
+                b = [(np.array(x), np.array(y)) for x, y in DataLoader(remote, **kw)]
+                assert len(a) == len(b) == 5
+                for (xa, ya), (xb, yb) in zip(a, b):
+                    np.testing.assert_array_equal(ya, yb)
+                    np.testing.assert_array_equal(xa, xb)
+            print("ok")
+            """)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
 
 
 # --------------------------------------------------------------------------

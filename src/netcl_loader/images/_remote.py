@@ -262,7 +262,7 @@ def build_remote_index(store, info, part=None, progress=None):
     return index
 
 
-def remote_indexes(store, infos, sidecars, cache, what):
+def remote_indexes(store, infos, sidecars, cache, what, bodies=None):
     """The index of every remote shard: its sidecar (if it was written for this
     version), else the cache's copy, else one streaming pass (shown by a
     progress bar, and kept in the cache; the bytes read go into the cache
@@ -301,7 +301,13 @@ def remote_indexes(store, infos, sidecars, cache, what):
                 key = entry_key(info.url, info.version)
                 part = None if cache.has(key) else cache.begin(key, info.size)
                 try:
-                    index = build_remote_index(store, info, part, bar)
+                    if bodies and k in bodies:   # fetched whole already (no size given)
+                        index = _TarIndex.build(redact(info.url), fileobj=io.BytesIO(bodies[k]))
+                        if part is not None:
+                            part.write_at(0, bodies[k])
+                        bar(len(bodies[k]))
+                    else:
+                        index = build_remote_index(store, info, part, bar)
                 except BaseException:
                     if part is not None:
                         part.abort()
@@ -362,12 +368,16 @@ def remote_shards(names, storage_options, retry, cache_dir, cache_bytes, window,
     urls = [n for n, r in zip(names, remote) if r]
     store = store_of(urls, storage_options, retry, what, max_requests)
     infos, sidecars = infos_of(store, urls, with_sidecars=True)
-    for i in infos:
-        if i.size < 0:
-            # A shard is read by offset, in ranges: it needs a size.
-            raise ValueError(f"{what}: the store gives no size for the shard {redact(i.url)} "
-                             f"(no Content-Length, or a Content-Encoding such as gzip); serve "
-                             f"tar shards as they are, with their length and byte ranges")
+    # A shard whose size the store does not give (no Content-Length, a gzip
+    # Content-Encoding) is fetched whole now, sized on arrival and indexed
+    # from those bytes; later it is fetched whole again (never in ranges,
+    # which such a server may not serve), and the bound counts its real size.
+    bodies = {}
+    for k, info in enumerate(infos):
+        if info.size < 0:
+            data = store.sync(store.read, info.url, None)
+            infos[k] = ObjectInfo(info.url, len(data), info.etag, info.mtime)
+            bodies[k] = data
     sizes = [i.size for i in infos]
     biggest = max(sizes)
     w = min(window, len(urls))
@@ -386,13 +396,13 @@ def remote_shards(names, storage_options, retry, cache_dir, cache_bytes, window,
                  + f" (the largest shard is {biggest} bytes); or lower shuffle_window or "
                    f"prefetch_shards")
     cache = make_cache(cache_dir, cache_bytes, need, max(need, sum(sizes)), what, need_text)
-    indexes = remote_indexes(store, infos, sidecars, cache, what)
-    it = iter(zip(infos, indexes))
+    indexes = remote_indexes(store, infos, sidecars, cache, what, bodies)
+    it = iter(zip(infos, indexes, range(len(infos))))
     all_sizes, versions, etags, out = [], [], [], []
     for n, r in zip(names, remote):
         if r:
-            info, index = next(it)
-            all_sizes.append(info.size)
+            info, index, k = next(it)
+            all_sizes.append(-1 if k in bodies else info.size)   # -1: fetched whole
             versions.append(info.version)
             etags.append(strong_etag(info.etag))
             out.append(index)
