@@ -719,8 +719,9 @@ def test_a_view_or_tensor_kept_from_a_batch_keeps_its_data():
         it = iter(dl)
         x0, y0 = next(it)
         tail = x0[1:]                     # a view of the batch, not the batch itself
-        t = torch.from_numpy(next(it)[0]) if torch is not None else None
-        del x0, y0
+        x1 = next(it)[0]                  # counted whether or not torch is here
+        t = torch.from_numpy(x1) if torch is not None else None
+        del x0, y0, x1
         rest = sum(1 for _ in it)         # every later batch, with slots cycling
         assert rest == 8
         np.testing.assert_array_equal(tail, np.repeat(np.arange(1, 4)[:, None], 32, 1))
