@@ -562,14 +562,16 @@ class Gate:
                 if t0 is None:
                     t0 = time.perf_counter()
                     self._check_fits(units)
-                    # The wait has a deadline: a fetch ends (in the cache, or
-                    # failed) within the retry policy's deadline, so a gate that
-                    # sees none end for longer than that and the time it gives
-                    # room is stalled, and says so instead of waiting for good.
-                    seen, since = pf.finished, time.monotonic()
+                    # The wait has a deadline: every request ends (with its
+                    # bytes, or failed) within the retry policy's deadline, so
+                    # a gate that sees no fetch end and no byte arrive for
+                    # longer than that and the time it gives room is stalled,
+                    # and says so instead of waiting for good.
+                    seen, since = self._progress(), time.monotonic()
                     pf.cond.notify_all()
-                if pf.finished != seen:
-                    seen, since = pf.finished, time.monotonic()
+                now = self._progress()
+                if now != seen:
+                    seen, since = now, time.monotonic()
                 elif time.monotonic() - since > self._stall_seconds():
                     raise self._stalled(missing)
                 pf.cond.wait(POLL_SECONDS)
@@ -579,6 +581,9 @@ class Gate:
         pf.publish()
         return seq, indices
 
+    def _progress(self):
+        return self.pf.finished, self.units.store.counters.bytes
+
     def _stall_seconds(self):
         return self.units.store.retry.deadline_seconds + STUCK_SECONDS
 
@@ -587,8 +592,9 @@ class Gate:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         return TimeoutError(errno.ETIMEDOUT,
                             f"the next batch waited {self._stall_seconds():.0f} s for {names}"
-                            f"{more} while no fetch ended (retry's deadline_seconds plus "
-                            f"{STUCK_SECONDS:.0f} s to make room): the fetch is stalled")
+                            f"{more} while no fetch ended and no byte came (retry's "
+                            f"deadline_seconds plus {STUCK_SECONDS:.0f} s to make room): the "
+                            f"fetch is stalled")
 
     def _check_fits(self, units):
         """An error at once when the units of one batch (their sizes as known now:
