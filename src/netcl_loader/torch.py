@@ -20,6 +20,7 @@ import multiprocessing
 import multiprocessing.context
 import numbers
 import warnings
+import weakref
 from typing import TypeVar
 
 import torch
@@ -875,15 +876,18 @@ class _Reused:
     ``iter(loader)`` resets it to a new iteration of the loader's engine."""
 
     def __init__(self, loader):
-        self._loader = loader
+        # Weakly: the loader holds this iterator (as PyTorch's holds its own), and
+        # a loader the caller drops must be freed at once, ending its workers.
+        self._loader = weakref.ref(loader)
         self._it = loader._get_iterator()
 
     def _reset(self):
-        eng = self._loader._eng()
+        loader = self._loader()
+        eng = loader._eng()
         old = eng._active() if eng._active is not None else None
         if old is not None:
             old._abandon()  # PyTorch's _reset ends the running iteration without a word
-        self._it = self._loader._get_iterator()
+        self._it = loader._get_iterator()
 
     def __iter__(self):
         return self
