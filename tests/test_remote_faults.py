@@ -456,3 +456,27 @@ def test_http_files_send_no_request_at_construction_and_a_changed_file_is_read_a
         with pytest.raises(FileNotFoundError) as e:
             epoch(ImageFiles(urls, list(range(8)), **kw))
     assert urls[6] in str(e.value)
+
+
+def test_a_http_file_read_outside_a_loader_is_checked_before_its_copy_is_used(jpegs, tmp_path):
+    # ds[i] outside a loader: the cache's copy of a file that changed on the
+    # server (a copy left by an earlier run) is not used without asking.
+    names = sorted(jpegs)[:2]
+    other = sorted(jpegs)[30]
+    kw = dict(crop=CROP, cache_dir=tmp_path / "cache", retry=FAST)
+    with FaultHTTP({n: jpegs[n] for n in names}) as srv:
+        urls = [srv.url + n for n in names]
+        first = ImageFiles(urls, [0, 1], **kw)
+        first[0]
+        assert srv.requests == 1
+        srv.files[names[0]] = jpegs[other]
+        later = ImageFiles(urls, [0, 1], **kw)    # a new run over the same cache
+        later[0]
+        assert srv.requests == 2 and srv.not_modified == 0
+        with open(later._units.path(0), "rb") as f:
+            assert f.read() == jpegs[other]       # the new bytes, not the old copy
+        later[0]
+        assert srv.requests == 2                  # checked once in this process
+        again = ImageFiles(urls, [0, 1], **kw)
+        again[0]
+        assert srv.requests == 3 and srv.not_modified == 1   # current: 304, no body

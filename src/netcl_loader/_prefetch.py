@@ -84,10 +84,13 @@ class Units:
         # for one is used only once the server says it is current (If-None-Match).
         self.unversioned = None if unversioned is None else np.asarray(unversioned, bool)
         self._keys = {}
+        # Unversioned units this process put in the cache or found current.
+        self.current = set()
 
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_keys"] = {}
+        state["current"] = set()
         return state
 
     def __len__(self):
@@ -145,6 +148,7 @@ class Units:
             body = self.store.sync(self.fetch_bytes, u, None)
             if body is not None:
                 self.put_bytes(u, body)
+            self.current.add(u)
             return path
         if os.path.exists(path):
             return path
@@ -419,9 +423,9 @@ class Prefetcher:
             elif fut.exception() is not None:
                 self.failed[u] = fut.exception()
             elif fut.result() is None:
-                if self.units.is_unversioned(u) and self.units.sizes[u] < 0 and \
-                        self.cache.has(self.units.key(u)):
+                if self.units.is_unversioned(u) and self.cache.has(self.units.key(u)):
                     self.figures.hits += 1   # the copy kept was current (304)
+                    self.units.current.add(u)
                 self.present.add(u)
                 self.seen.add(u)
             else:
@@ -719,6 +723,7 @@ class Gate:
                 part.write_at(0, data)
                 part.commit()
                 self.units.keep_etag(u, data)
+                self.units.current.add(u)
             except BaseException as exc:  # noqa: BLE001
                 part.abort()
                 pf.failed[u] = exc

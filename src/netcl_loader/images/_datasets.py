@@ -587,6 +587,12 @@ class ImageFiles(_ImageDataset):
             # The file's copy in the cache, put there by the loader's
             # prefetcher before this batch was handed out (or fetched now when
             # read outside a loader, or evicted by another process).
+            if units.is_unversioned(i) and i not in units.current and \
+                    _worker.get_worker_info() is None:
+                # An HTTP file not asked about at construction, read outside a
+                # loader's batches (a worker's batch was checked by the loader):
+                # its copy in the cache is used once the server says it is current.
+                return _read_file(units.ensure(i), proc, self.max_file_bytes)
             try:
                 return _read_file(units.path(i), proc, self.max_file_bytes)
             except FileNotFoundError:
