@@ -62,9 +62,10 @@ def run_script(body, tmp_path):
     return proc.stderr
 
 
-needs_fork_warning = pytest.mark.skipif(
-    sys.version_info < (3, 12) or "fork" not in METHODS,
-    reason="Python before 3.12 does not warn when a multi-threaded process forks")
+needs_fork_warning = [
+    pytest.mark.skipif(sys.version_info < (3, 12), reason="Python before 3.12 does not warn "
+                       "when a multi-threaded process forks"),
+    pytest.mark.skipif("fork" not in METHODS, reason="this platform has no fork start method")]
 
 LOCAL = """
     import numpy as np
@@ -82,7 +83,8 @@ LOCAL = """
 """
 
 
-@needs_fork_warning
+@needs_fork_warning[0]
+@needs_fork_warning[1]
 def test_a_thread_of_the_users_is_what_the_fork_warning_names(tmp_path):
     # The control: the warning reaches this test's stderr when a thread runs.
     err = run_script(textwrap.dedent("""
@@ -93,13 +95,15 @@ def test_a_thread_of_the_users_is_what_the_fork_warning_names(tmp_path):
     assert FORK_WARNING in err
 
 
-@needs_fork_warning
+@needs_fork_warning[0]
+@needs_fork_warning[1]
 def test_local_data_forks_with_no_thread_of_the_loaders(tmp_path):
     err = run_script(LOCAL, tmp_path)
     assert FORK_WARNING not in err, err
 
 
-@needs_fork_warning
+@needs_fork_warning[0]
+@needs_fork_warning[1]
 @pytest.mark.skipif(shutil.which("nginx") is None and not os.path.exists("/usr/sbin/nginx"),
                     reason="nginx is not installed (apt-get install nginx-light)")
 def test_remote_data_forks_with_no_thread_of_the_loaders(tmp_path):
