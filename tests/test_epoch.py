@@ -171,3 +171,41 @@ def test_break_then_a_new_epoch_is_quiet(mode):
         assert sum(len(b) for b in loader) == 100  # nothing was left: nothing to say
         with pytest.raises(StopIteration):
             next(done)
+
+
+class _FailsAt:
+    """Rows whose index ``bad`` raises."""
+
+    def __init__(self, n, bad):
+        self.n, self.bad = n, bad
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            raise KeyError(f"bad row {i}")
+        return np.full(3, i, np.float32)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_loop_left_by_a_dataset_error_is_let_go_quietly(num_workers):
+    """A ``for`` loop that a dataset error ended has let its iterator go, as a
+    ``break`` does: the next ``iter()`` neither warns nor finds it held, with
+    the garbage collector off (no reference cycle through the error keeps the
+    iterator alive), and the new epoch starts from its first batch."""
+    import gc
+    import warnings
+    loader = DataLoader(_FailsAt(40, 13), batch_size=4, shuffle=False, num_workers=num_workers)
+    gc.disable()
+    try:
+        with loader:
+            with pytest.raises(KeyError, match="bad row 13"):
+                for _ in loader:
+                    pass
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")   # a warning at iter() fails the test
+                it = iter(loader)
+            assert next(it)[0].tolist() == [0, 0, 0]   # a new epoch, from its start
+    finally:
+        gc.enable()

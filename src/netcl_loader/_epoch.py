@@ -175,7 +175,15 @@ class EpochIterator:
             self.loader._epoch_over(self, completed=False)
             raise
         if isinstance(got, BaseException):
-            raise got  # the dataset's, collate_fn's or a transform's: the epoch goes on
+            # The dataset's, collate_fn's or a transform's: the epoch goes on.
+            # Raised with no local left naming it: one would make a cycle
+            # (error -> traceback -> this frame -> error) keeping this iterator
+            # alive after the caller's loop let it go, until a garbage
+            # collection, and a new iter() would then take it for one still held.
+            try:
+                raise got
+            finally:
+                got = None
         batch, seq, wid, n, times, decode = got
         if self.iterable:
             self.progress.prefix += 1
