@@ -47,8 +47,8 @@ Usage::
         --png bench/results/peers.png --json bench/results/peers.json
 
 It prints a markdown table of medians and ratios (``--markdown PATH`` also
-writes it with its notes; ``--readme README.md`` puts it between the
-README's ``<!-- peers-table -->`` markers), our loader's memory across epochs
+writes it with its notes; ``--readme docs/performance.md`` puts it between
+that page's ``<!-- peers-table -->`` markers), our loader's memory across epochs
 (main-process RSS and ``/dev/shm``), and writes a PNG chart of throughput
 against ``num_workers`` with both limits.  A peer that cannot be imported is
 reported as skipped.  Exit status 1 when one of our runs failed.
@@ -812,13 +812,20 @@ def write_chart(path, results, limits, scenarios, workers, unit_of):
     except Exception as exc:
         print(f"chart skipped: matplotlib unavailable ({type(exc).__name__}: {exc})")
         return False
-    fig, axes = plt.subplots(1, len(scenarios), figsize=(5.5 * len(scenarios), 4.5),
+    # A grid of at most CHART_COLUMNS panels a row, CHART_WIDTH_INCHES wide at
+    # CHART_DPI: 1,200 pixels, so the chart reads where a page shows it
+    # (five panels in one row were legible only at full size).
+    cols = min(CHART_COLUMNS, len(scenarios))
+    rows = -(-len(scenarios) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(CHART_WIDTH_INCHES, CHART_PANEL_INCHES * rows),
                              squeeze=False)
     all_labels = sorted({label for (_s, label, _w) in results},
                         key=lambda l: (not l.startswith("ours"), l))
     cycle = list(plt.get_cmap("tab20").colors)  # more loaders than the default 10 colours
     colour = {label: cycle[i % len(cycle)] for i, label in enumerate(all_labels)}
-    for ax, sc in zip(axes[0], scenarios):
+    for ax in axes.flat[len(scenarios):]:
+        ax.axis("off")                  # a grid cell with no scenario: the legend goes there
+    for ax, sc in zip(axes.flat, scenarios):
         unit = unit_of[sc]
         key = "gbps" if unit == "GB/s" else "batches_per_s"
         labels = sorted({label for (s, label, _w) in results if s == sc},
@@ -848,14 +855,33 @@ def write_chart(path, results, limits, scenarios, workers, unit_of):
         if unit == "batches/s":
             ax.set_yscale("symlog", linthresh=100)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    # One legend for every panel (same loader, same colour everywhere): in the
+    # first empty grid cell, else below the panels.
+    handles = {}
+    for ax in axes.flat[:len(scenarios)]:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, h)
+    spare = axes.flat[len(scenarios):]
+    if len(spare):
+        spare[0].legend(handles.values(), handles.keys(), loc="center", fontsize=9, frameon=False)
+    else:
+        fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=4, fontsize=9,
+                   frameon=False)
+        fig.subplots_adjust(bottom=0.2)
     fig.suptitle("netcl_loader vs peers and the memcpy limits (median of measured epochs)")
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=CHART_DPI)
     plt.close(fig)
     return True
 
+
+#: The chart: panels a row, figure width and panel height in inches, and
+#: dots per inch (12 in at 100 dpi: 1,200 pixels wide).
+CHART_COLUMNS = 3
+CHART_WIDTH_INCHES = 12.0
+CHART_PANEL_INCHES = 4.0
+CHART_DPI = 100
 
 SCENARIO_BATCH = {"big": BIG_BATCH, "small": SMALL_BATCH, "aug": AUG_BATCH,
                   "big_t": BIG_BATCH, "small_t": SMALL_BATCH}
@@ -900,7 +926,7 @@ def parse_args(argv=None):
                         "to this markdown file")
     p.add_argument("--readme", default="",
                    help="replace the block between <!-- peers-table --> and "
-                        "<!-- /peers-table --> in this file (README.md) with that markdown")
+                        "<!-- /peers-table --> in this file (docs/performance.md) with that markdown")
     args = p.parse_args(argv)
     defaults = QUICK_DEFAULTS if args.quick else FULL_DEFAULTS
     for k, v in defaults.items():
