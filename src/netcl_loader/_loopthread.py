@@ -7,7 +7,7 @@ fsspec's filesystems would run on fsspec's own loop thread, which never stops
 (and aiohttp's name lookups on the loop's executor threads, which linger), so
 the stores get this loop instead: ``paused()`` ends its thread and its
 executor's threads (the loop, its sessions and its pending tasks kept), the
-pool forks, and the next request starts the thread again.
+pool forks, and the thread starts again (pending fetches go on at once).
 """
 from __future__ import annotations
 
@@ -30,9 +30,24 @@ class _ProcessLoop:
         self.cond = threading.Condition()
         self.pid = None
         self.loop = None
-        self.thread = None
+        self.thread = None       # the thread running the loop, once started
+        self.stopping = None     # the thread a pause is stopping (its callbacks pass)
         self.executor = None
-        self.pausing = 0     # blocks inside paused(): no thread starts while > 0
+        self.pausing = 0         # blocks inside paused(): no thread starts while > 0
+        # A child forked while another thread held the lock would inherit it held.
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    def _after_fork(self):
+        self.cond = threading.Condition()
+
+    def _start(self):
+        """Starts the loop's thread and executor (under the lock)."""
+        self.executor = ThreadPoolExecutor(EXECUTOR_THREADS,
+                                           thread_name_prefix="netcl-store-executor")
+        self.loop.set_default_executor(self.executor)
+        self.thread = threading.Thread(target=self.loop.run_forever,
+                                       name="netcl-store-loop", daemon=True)
+        self.thread.start()
 
     def running(self):
         """The loop, with its thread running (started if it is not)."""
@@ -42,34 +57,35 @@ class _ProcessLoop:
                 # descriptors and has no thread here; this process makes its own.
                 self.pid = os.getpid()
                 self.loop = asyncio.new_event_loop()
-                self.thread = self.executor = None
+                self.thread = self.stopping = self.executor = None
                 self.pausing = 0
-            if self.thread is not None and threading.current_thread() is self.thread:
+            me = threading.current_thread()
+            if me is self.thread or me is self.stopping:
+                # The loop's own callbacks never wait for a pause: the pause is
+                # waiting for them to return.
                 return self.loop
             while self.pausing:
                 self.cond.wait()
-            if self.thread is None:
-                self.executor = ThreadPoolExecutor(EXECUTOR_THREADS,
-                                                   thread_name_prefix="netcl-store-executor")
-                self.loop.set_default_executor(self.executor)
-                self.thread = threading.Thread(target=self.loop.run_forever,
-                                               name="netcl-store-loop", daemon=True)
-                self.thread.start()
+            if self.thread is None or not self.thread.is_alive():
+                self._start()
             return self.loop
 
     @contextlib.contextmanager
     def paused(self):
-        """No thread of the loop runs inside the block (other threads asking
-        for the loop wait for its end)."""
+        """No thread of the loop runs inside the block; it runs again after it
+        if it ran before.  Other threads asking for the loop wait for the end."""
         with self.cond:
-            if self.pid != os.getpid():
-                yield
-                return
-            self.pausing += 1
-            thread, executor = self.thread, self.executor
-            self.thread = self.executor = None
+            mine = self.pid == os.getpid()
+            if mine:
+                self.pausing += 1
+                thread, executor = self.thread, self.executor
+                self.stopping = thread
+        if not mine:   # no loop in this process yet: nothing to stop
+            yield
+            return
+        was_running = thread is not None and thread.is_alive()
         try:
-            if thread is not None:
+            if was_running:
                 self.loop.call_soon_threadsafe(self.loop.stop)
                 thread.join(STOP_SECONDS)
                 if thread.is_alive():
@@ -77,10 +93,21 @@ class _ProcessLoop:
                                        f"{STOP_SECONDS:g} s before the workers were forked")
             if executor is not None:
                 executor.shutdown(wait=True)
+            with self.cond:
+                # Only now that the thread has ended: until then its callbacks
+                # must find it as the loop's thread.
+                self.thread = self.executor = self.stopping = None
             yield
         finally:
             with self.cond:
                 self.pausing -= 1
+                if self.stopping is thread:
+                    self.stopping = None
+                # Fetches in flight on the loop go on at once, not only when
+                # some thread next asks for the loop.
+                if not self.pausing and was_running and (
+                        self.thread is None or not self.thread.is_alive()):
+                    self._start()
                 self.cond.notify_all()
 
 
