@@ -1027,3 +1027,15 @@ def test_public_exceptions_print_and_pickle_under_their_public_names():
         assert shown.startswith(f"{module}.{name}: "), shown
         again = pickle.loads(pickle.dumps(exc))
         assert type(again) is cls and str(again) == str(exc)
+
+
+def test_a_start_report_carries_any_worker_id():
+    """Worker ids past 255 report their start stage too (one byte held them
+    before, and a failed report made a later death read as a main-module
+    import failure)."""
+    import multiprocessing
+    from netcl_loader._worker import BOOT_RECORD, BOOT_STARTED, BootReport
+    r, w = multiprocessing.Pipe(duplex=False)
+    for wid in (0, 255, 256, 70000):
+        BootReport(w, wid).report(BOOT_STARTED)
+        assert BOOT_RECORD.unpack(r.recv_bytes()) == (BOOT_STARTED, wid)

@@ -15,8 +15,8 @@ from ._errors import LoaderTimeout
 from ._protocol import (ENTRY_LOAD_STATE, ENTRY_NO_ROOM, ENTRY_PIPED_TASK, ENTRY_REMAP,
                         ENTRY_STOP, ENTRY_TASK, FLAG_PICKLED_INDICES, KIND_LOAD_STATE, KIND_REMAP,
                         KIND_TASK, STATE, TASK_HEADER, send_fd)
-from ._worker import (BOOT_IMPORTED, BOOT_NONE, BootReport, Lifeline, WorkerConfig,
-                      task_indices, worker_loop)
+from ._worker import (BOOT_IMPORTED, BOOT_NONE, BOOT_RECORD, BootReport, Lifeline,
+                      WorkerConfig, task_indices, worker_loop)
 from ._deadline import Deadline
 from ._slots import LEASE_NEXT_CALL, LEASE_REFS, LEASE_UPLOAD, NO_ITERATION, Slots
 from .shared_batch import SharedBatchRingBuffer
@@ -445,7 +445,7 @@ class Pool:
         boot, stages = self._boot, self.boot_stage
         try:
             while boot.poll(0):
-                stage, wid = boot.recv_bytes()
+                stage, wid = BOOT_RECORD.unpack(boot.recv_bytes())
                 if wid < len(stages):
                     stages[wid] = max(stages[wid], stage)
         except (EOFError, OSError, ValueError):

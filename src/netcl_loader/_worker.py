@@ -6,6 +6,7 @@ import os
 import pickle
 import random
 import signal
+import struct
 import sys
 import threading
 import time
@@ -245,6 +246,8 @@ def _watch_parent(lifeline, start_ppid):
 #: dies before BOOT_STARTED died unpickling its arguments (the dataset,
 #: collate_fn, transforms, worker_init_fn).
 BOOT_NONE, BOOT_IMPORTED, BOOT_STARTED = 0, 1, 2
+#: One boot report: the stage, then the worker id (any number of workers).
+BOOT_RECORD = struct.Struct("<BI")
 
 
 class BootReport:
@@ -267,7 +270,7 @@ class BootReport:
 
     def report(self, stage):
         try:
-            self.conn.send_bytes(bytes((stage, self.worker_id)))
+            self.conn.send_bytes(BOOT_RECORD.pack(stage, self.worker_id))
         except (OSError, ValueError):
             pass  # the main process has gone or closed the pool: nobody asks
 
