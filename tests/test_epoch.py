@@ -209,3 +209,28 @@ def test_a_loop_left_by_a_dataset_error_is_let_go_quietly(num_workers):
             assert next(it)[0].tolist() == [0, 0, 0]   # a new epoch, from its start
     finally:
         gc.enable()
+
+
+class _LongerThanItsLength:
+    """A stream that yields more samples than ``__len__`` says (a hint)."""
+
+    def __len__(self):
+        return 4
+
+    def __iter__(self):
+        return iter(np.full(2, i, np.float32) for i in range(12))
+
+
+def test_a_held_stream_past_its_length_is_not_ended_quietly():
+    import warnings
+    with DataLoader(_LongerThanItsLength(), batch_size=2, num_workers=0) as loader:
+        first = iter(loader)
+        for _ in range(2):            # as many batches as the length says, of 6
+            next(first)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            second = iter(loader)
+        assert any("unknown number of batches" in str(w.message) for w in caught)
+        with pytest.raises(RuntimeError, match="newer iteration"):
+            next(first)
+        assert len(list(second)) == 6

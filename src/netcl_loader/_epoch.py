@@ -561,9 +561,13 @@ class EpochIterator:
     # -- ending -----------------------------------------------------------------
     def batches_left(self):
         """Batches this iteration has still to yield; None where nothing says
-        (an iterable-style dataset without a length)."""
+        (an iterable-style dataset, whose length, if any, is only a hint)."""
         if self.finished:
             return 0
+        if self.iterable:
+            # A stream's length is a hint (it may yield more than __len__
+            # says): only its end tells, so a held one always counts as unfinished.
+            return None
         try:
             return max(0, len(self))
         except (TypeError, ValueError):
