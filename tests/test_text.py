@@ -667,17 +667,16 @@ def test_bad_megatron_index_is_named(tmp_path):
     assert len(TokenFiles(prefix, 4, pack="none")) == 2
 
 
-def test_readme_language_model_section_runs(tmp_path, monkeypatch):
+def test_docs_language_model_page_runs(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     import pathlib
     import re
-    readme = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme.split("## Language-model data", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    page = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "text.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", page, re.S)
     assert len(blocks) == 2
     monkeypatch.chdir(tmp_path)
-    scope = {}
+    scope = {"__name__": "__main__"}   # the blocks guard their loops, as scripts
     for code in blocks:
-        exec(compile(code, "README.md", "exec"), scope)
+        exec(compile(code, "docs/text.md", "exec"), scope)
     assert scope["loss"].item() > 0
