@@ -413,6 +413,13 @@ def test_relative_links_resolve():
             assert os.path.exists(full), f"{path} links to {target}, which does not exist"
 
 
+def test_readme_links_every_docs_page():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        linked = set(re.findall(r"\]\((docs/[\w-]+\.md)[#)]", f.read()))
+    pages = {p for p in DOC_FILES if p.startswith("docs")}
+    assert pages <= linked, f"pages the README does not link: {sorted(pages - linked)}"
+
+
 def test_asan_file_list_matches_ci():
     """docs/install.md names the test files .ci/asan runs by default."""
     with open(os.path.join(ROOT, ".ci", "asan")) as f:
