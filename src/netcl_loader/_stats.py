@@ -18,7 +18,7 @@ medians, per-worker windows and the verdict are made from the last
 time are added to running totals (a strided ``sum`` per figure: a few ns a
 batch), so memory stays bounded however long the run.  What the hooks cost
 (about 0.5 us a batch of the main process's time, most of it keeping those
-numbers alive) is measured side by side with no-op hooks in the README.
+numbers alive) is measured side by side with no-op hooks in docs/performance.md.
 """
 from __future__ import annotations
 
