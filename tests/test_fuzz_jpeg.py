@@ -308,11 +308,13 @@ DIFF_MUTANTS_PER_SEED = 120
 #: libjpeg-turbo decode does (simplejpeg with strict=True), because such an
 #: image is not what the file held.
 STRICTER_THAN_PILLOW = re.compile(
-    r"corrupt JPEG data: (premature end of data segment|bad Huffman code|bad arithmetic code"
+    r"(corrupt JPEG data: (premature end of data segment|bad Huffman code|bad arithmetic code"
     r"|\d+ extraneous bytes before marker 0x[0-9a-f]{2}"
     r"|found marker 0x[0-9a-f]{2} instead of RST\d|Invalid SOS parameters for sequential JPEG"
-    r"|Inconsistent progression sequence for component \d+ coefficient \d+)$"
-    r"|truncated JPEG data \(Premature end of JPEG file\)$")
+    r"|Inconsistent progression sequence for component \d+ coefficient \d+)"
+    r"|truncated JPEG data \(Premature end of JPEG file\))"
+    # The fix the error names (on_error="skip"), after the reason.
+    r"(; to replace unreadable files with the next readable one, .*)?$")
 
 #: Where both decode, the agreement asked (levels of 255): as everywhere.
 DIFF_MEAN_TOL = 2.0
