@@ -168,3 +168,12 @@ def test_the_package_attribute_is_callable_however_it_was_imported():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=RUN_SECONDS)
     assert out.returncode == 0 and out.stdout.strip() == "0", out.stdout + out.stderr
+
+
+def test_the_package_attribute_has_tunes_signature_after_the_submodule_import():
+    """``import netcl_loader.tune`` makes the package attribute the module
+    (callable as tune): help() and inspect.signature() still show tune's."""
+    import inspect
+
+    import netcl_loader.tune  # noqa: F401  (binds the package attribute to the module)
+    assert inspect.signature(netcl_loader.tune) == inspect.signature(tune)

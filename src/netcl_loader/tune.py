@@ -439,6 +439,12 @@ class _CallableModule(types.ModuleType):
     def __call__(self, *args, **kwargs):
         return tune(*args, **kwargs)
 
+    @property
+    def __signature__(self):
+        # help() and inspect.signature() show tune's, as for the function.
+        import inspect
+        return inspect.signature(tune)
+
 
 sys.modules[__name__].__class__ = _CallableModule
 
