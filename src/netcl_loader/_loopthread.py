@@ -34,8 +34,10 @@ class _ProcessLoop:
         self.stopping = None     # the thread a pause is stopping (its callbacks pass)
         self.executor = None
         self.pausing = 0         # blocks inside paused(): no thread starts while > 0
-        # A child forked while another thread held the lock would inherit it held.
-        os.register_at_fork(after_in_child=self._after_fork)
+        # A child forked while another thread held the lock would inherit it
+        # held.  (Windows has no fork, nor os.register_at_fork.)
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._after_fork)
 
     def _after_fork(self):
         self.cond = threading.Condition()
