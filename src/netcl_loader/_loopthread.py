@@ -15,14 +15,36 @@ import asyncio
 import contextlib
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["running_loop", "paused"]
+__all__ = ["running_loop", "paused", "join_thread"]
 
 #: Threads of the loop's executor (aiohttp's name lookups, file I/O of s3fs).
 EXECUTOR_THREADS = 4
 #: Seconds a pause waits for the loop's thread to end its current callback.
 STOP_SECONDS = 30.0
+#: Seconds a joined thread's kernel thread is given to be gone.
+GONE_SECONDS = 2.0
+
+
+def join_thread(thread, timeout):
+    """Join ``thread``, then wait (at most GONE_SECONDS) for its kernel thread
+    to be gone: ``join`` returns once the thread's Python side has ended, a
+    moment before the kernel thread exits, and a fork in that moment still
+    counts it (Python 3.12's warning reads the kernel's count).  True when the
+    thread is gone."""
+    thread.join(timeout)
+    if thread.is_alive():
+        return False
+    nid = getattr(thread, "native_id", None)
+    task = f"/proc/self/task/{nid}"
+    if nid is None or not os.path.isdir("/proc/self/task"):
+        return True
+    deadline = time.monotonic() + GONE_SECONDS
+    while os.path.exists(task) and time.monotonic() < deadline:
+        time.sleep(0.0005)
+    return True
 
 
 class _ProcessLoop:
@@ -89,12 +111,14 @@ class _ProcessLoop:
         try:
             if was_running:
                 self.loop.call_soon_threadsafe(self.loop.stop)
-                thread.join(STOP_SECONDS)
-                if thread.is_alive():
+                if not join_thread(thread, STOP_SECONDS):
                     raise RuntimeError(f"the object-store event loop did not stop within "
                                        f"{STOP_SECONDS:g} s before the workers were forked")
             if executor is not None:
+                workers = list(getattr(executor, "_threads", ()))
                 executor.shutdown(wait=True)
+                for w in workers:
+                    join_thread(w, STOP_SECONDS)
             with self.cond:
                 # Only now that the thread has ended: until then its callbacks
                 # must find it as the loop's thread.

@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from ._cache import TOUCH_SECONDS, entry_key
+from ._loopthread import join_thread
 from ._urls import redact
 
 __all__ = ["Units", "Prefetcher", "Gate", "BLOCK_BYTES", "MAX_REQUESTS", "MAX_FILE_REQUESTS"]
@@ -484,7 +485,8 @@ class Gate:
             self.pf.cond.notify_all()
         t = self.thread
         if t is not None and t is not threading.current_thread():
-            t.join(5.0)
+            # Gone for the kernel too: a pool forked next must not count it.
+            join_thread(t, 5.0)
 
     # -- the epoch's batches (under the lock) ----------------------------------------------
     def _pull(self, n=PULL_BATCHES):
