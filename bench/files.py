@@ -412,14 +412,15 @@ def cpu_split(root, files=200):
     The compiled path decodes only the crop, scaled, and resizes in the same
     pass: its decode and resize are one figure.  Returns {path: {label: ms}}.
     """
-    from netcl_loader import images
     from netcl_loader.images import CenterCrop, ImageFolder, RandomResizedCrop
+    from netcl_loader.images._buffers import _here
+    from netcl_loader.images._decoders import _resize_kernel
     out = {}
     for path in PATHS:
         crop = RandomResizedCrop(CROP) if path == "train" else CenterCrop(CROP, resize=RESIZE)
         ds = ImageFolder(root, crop=crop)
         idx = np.arange(min(files, len(ds)))
-        proc = images._here()
+        proc = _here()
         u = np.random.default_rng(0).random((len(idx), crop.draws + 1))
         row = np.empty((3, CROP, CROP), np.float32)
         t0 = time.process_time()
@@ -441,7 +442,7 @@ def cpu_split(root, files=200):
             with Image.open(io.BytesIO(data)) as img:
                 decoded.append(np.asarray(img.convert("RGB")))
         split["Pillow: decode"] = (time.process_time() - t0) / len(idx) - read
-        kernel = images._resize_kernel()
+        kernel = _resize_kernel()
         t0 = time.process_time()
         for k, src in enumerate(decoded):
             box = crop.box(src.shape[0], src.shape[1], u[k])

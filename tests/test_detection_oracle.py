@@ -161,7 +161,7 @@ def test_engine_box_arithmetic_matches_the_oracle():
     """The engine's crop_resize_flip + sanitize_mask against the oracle's torchvision
     pipeline (crop, resize, pad, flip, sanitize) for fixed crop boxes: within 1e-3 px,
     the same boxes dropped."""
-    from netcl_loader.images import _boxes
+    import netcl_loader.images._boxes as _boxes
 
     rng = np.random.default_rng(7)
     compared = worst = 0

@@ -347,7 +347,7 @@ def test_tar_index_where_the_cache_cannot_be_written(folder, tmp_path):
 def test_many_shards_keep_few_descriptors_open(folder, tmp_path):
     """Reading from more shards than MAX_OPEN_SHARDS closes the least recently
     used: a thousand shards must not exhaust a worker's 1024 descriptors."""
-    from netcl_loader.images import _buffers   # where the bound is read
+    import netcl_loader.images._buffers as _buffers   # where the bound is read
     ds = ImageFolder(folder, crop=CenterCrop(16), flip=0, output="uint8")
     shards = write_shards(ds, folder, tmp_path, per_shard=1)   # one shard per image
     assert len(shards) == len(ds) > 16
@@ -369,14 +369,14 @@ def test_many_shards_keep_few_descriptors_open(folder, tmp_path):
 def test_a_forked_child_closes_the_shard_descriptors_it_inherits(folder, tmp_path):
     """Shards the parent read stay open in its _Process; a forked child (a worker) makes
     its own and closes its copies of the parent's, so they do not add up per fork."""
-    from netcl_loader import images
+    import netcl_loader.images._buffers as _buffers
     ds = ImageFolder(folder, crop=CenterCrop(16), flip=0, output="uint8")
     shards = write_shards(ds, folder, tmp_path, per_shard=1)
     tar = TarImages(shards, crop=CenterCrop(16), flip=0, output="uint8")
-    images._here().close_shards()   # what earlier tests left open in this process
+    _buffers._here().close_shards()   # what earlier tests left open in this process
     tar.gather_batch(np.arange(len(tar)), np.empty)
-    inherited = sorted(images._here().shards.values())
-    assert len(inherited) == min(len(shards), images.MAX_OPEN_SHARDS)
+    inherited = sorted(_buffers._here().shards.values())
+    assert len(inherited) == min(len(shards), _buffers.MAX_OPEN_SHARDS)
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:   # the child: one read, then report which inherited fds are open
@@ -385,7 +385,7 @@ def test_a_forked_child_closes_the_shard_descriptors_it_inherits(folder, tmp_pat
             tar.gather_batch(np.arange(1), np.empty)
             still = [fd for fd in inherited if os.path.exists(f"/proc/self/fd/{fd}")
                      and os.readlink(f"/proc/self/fd/{fd}").endswith(".tar")
-                     and fd not in images._here().shards.values()]
+                     and fd not in _buffers._here().shards.values()]
             os.write(w, json.dumps(still).encode())
         finally:
             os._exit(0)
@@ -455,12 +455,12 @@ def webdataset_samples(shards):
 
 def tar_samples(tar):
     """The same of a TarImages: key, suffix and bytes from its index, read by offset."""
-    from netcl_loader import images as im
+    from netcl_loader.images._buffers import _here
     out = []
     for i in range(len(tar)):
         shard, member = tar._name(i).rsplit(":", 1)
         key, ext = member.rsplit(".", 1)
-        out.append((key, ext, bytes(tar._read(i, im._here())), int(tar.targets[i])))
+        out.append((key, ext, bytes(tar._read(i, _here())), int(tar.targets[i])))
     return out
 
 
@@ -515,7 +515,7 @@ def test_tar_samples_group_as_webdataset_groups_them(tmp_path):
 def test_tar_index_of_an_older_layout_is_rebuilt(folder, tmp_path):
     """A cache written by an earlier version of the index (another grouping rule) is
     not used: the index is built again and the cache replaced."""
-    from netcl_loader import images as im
+    from netcl_loader.images._tarindex import _TAR_INDEX_VERSION
     ds = ImageFolder(folder, crop=CenterCrop(16))
     shard = write_shards(ds, folder, tmp_path, per_shard=100)[0]
     st = os.stat(shard)
@@ -523,12 +523,12 @@ def test_tar_index_of_an_older_layout_is_rebuilt(folder, tmp_path):
              "label": np.zeros(1, np.int64), "keys": np.frombuffer(b"old", np.uint8),
              "key_offsets": np.array([0, 3], np.int64), "ext": np.zeros(1, np.int8)}
     np.savez(f"{shard}.idx.npz", stamp=np.array([st.st_size, st.st_mtime_ns,
-                                                 im._TAR_INDEX_VERSION - 1], np.int64), **stale)
+                                                 _TAR_INDEX_VERSION - 1], np.int64), **stale)
     tar = TarImages(shard, crop=CenterCrop(16))
     assert len(tar) == len(ds)
     np.testing.assert_array_equal(tar.targets, ds.targets)
     with np.load(f"{shard}.idx.npz") as z:
-        assert z["stamp"][2] == im._TAR_INDEX_VERSION and len(z["offset"]) == len(ds)
+        assert z["stamp"][2] == _TAR_INDEX_VERSION and len(z["offset"]) == len(ds)
 
 
 @pytest.mark.parametrize("text,what", [
@@ -629,7 +629,7 @@ def test_the_read_buffer_shrinks_back_after_an_outsized_file(tmp_path, kind):
     """A file larger than the buffer a process keeps (READ_BUFFER_KEEP) is read whole
     and decoded, then the buffer goes back to its first size; a camera-sized file's
     buffer is kept for the next one."""
-    from netcl_loader import images as im
+    from netcl_loader.images._buffers import READ_BUFFER_BYTES, READ_BUFFER_KEEP, _here
     rng = np.random.default_rng(2)
     base = photo_region(rng, (600, 450))
     big = np.kron(base, np.ones((6, 6, 1), np.uint8))          # 3600 x 2700 RGB: 29 MB as BMP
@@ -640,7 +640,7 @@ def test_the_read_buffer_shrinks_back_after_an_outsized_file(tmp_path, kind):
     with open(paths[1], "wb") as f:
         f.write(encode_jpeg(camera, quality=97))   # 1600 x 1200, a few MB
     sizes = [os.path.getsize(p) for p in paths]
-    assert sizes[0] > im.READ_BUFFER_KEEP and im.READ_BUFFER_BYTES < sizes[1] < im.READ_BUFFER_KEEP
+    assert sizes[0] > READ_BUFFER_KEEP and READ_BUFFER_BYTES < sizes[1] < READ_BUFFER_KEEP
     kw = dict(crop=CenterCrop(32), flip=0, output="uint8")
     if kind == "files":
         ds = ImageFiles(paths, [0, 1], **kw)
@@ -650,15 +650,15 @@ def test_the_read_buffer_shrinks_back_after_an_outsized_file(tmp_path, kind):
             add_members(tf, [("big.png", open(paths[0], "rb").read()), ("big.cls", b"0"),
                              ("small.jpg", open(paths[1], "rb").read()), ("small.cls", b"1")])
         ds = TarImages(shard, **kw)
-    proc = im._here()
+    proc = _here()
     x, _ = ds[0]
-    assert len(proc.buf) == im.READ_BUFFER_BYTES   # the outsized buffer is gone
+    assert len(proc.buf) == READ_BUFFER_BYTES   # the outsized buffer is gone
     mean_abs, worst = levels(x, torchvision_v1_eval(paths[0], 36, 32))
     assert mean_abs <= MEAN_ABS_LEVELS and worst <= MAX_LEVELS, (mean_abs, worst)
     ds[1]
-    assert sizes[1] < len(proc.buf) <= im.READ_BUFFER_KEEP   # kept: the next photo needs it
+    assert sizes[1] < len(proc.buf) <= READ_BUFFER_KEEP   # kept: the next photo needs it
     ds[0]
-    assert len(proc.buf) == im.READ_BUFFER_BYTES
+    assert len(proc.buf) == READ_BUFFER_BYTES
 
 
 # --------------------------------------------------------------------------
@@ -710,14 +710,15 @@ def test_files_larger_than_the_read_buffer_are_read_whole(tmp_path, monkeypatch,
     """A camera-sized JPEG (more than the 1 MiB read buffer a process starts with) is read
     whole, after a smaller file has set up the buffer: its image matches torchvision's
     recipe on the same file."""
-    from netcl_loader import images as im
+    from netcl_loader.images._buffers import READ_BUFFER_BYTES, _here
+    from netcl_loader.images._sources import _read_file
     rng = np.random.default_rng(5)
     base = photo_region(rng, size=(400, 300))   # (300, 400, 3)
     big = np.clip(np.kron(base, np.ones((4, 4, 1), np.uint8)).astype(np.int16)
                   + rng.normal(0, 12, (1200, 1600, 3)), 0, 255)
     path = str(tmp_path / "big.jpg")
     Image.fromarray(big.astype(np.uint8)).save(path, quality=97)
-    assert os.path.getsize(path) > im.READ_BUFFER_BYTES
+    assert os.path.getsize(path) > READ_BUFFER_BYTES
     small = make_jpegs(tmp_path / "s", 1, size=(40, 30), seed=1)[0]
     if force_pillow:
         monkeypatch.setenv(DECODER_ENV, "pillow")
@@ -728,7 +729,7 @@ def test_files_larger_than_the_read_buffer_are_read_whole(tmp_path, monkeypatch,
     mean_abs, worst = levels(got, torchvision_v1_eval(path, 73, 64))
     assert mean_abs <= MEAN_ABS_LEVELS and worst <= MAX_LEVELS, (mean_abs, worst)
     with open(path, "rb") as f:
-        assert bytes(im._read_file(os.fsencode(path), im._here())) == f.read()
+        assert bytes(_read_file(os.fsencode(path), _here())) == f.read()
 
 
 def test_center_crop_default_resize_fits_oblong_crops():

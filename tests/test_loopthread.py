@@ -1,4 +1,4 @@
-"""The object-store event loop (netcl_loader._loopthread): stopped while a
+"""The object-store event loop (netcl_loader.remote.loop): stopped while a
 pool forks, running again after, never stuck on its own pause."""
 import asyncio
 import os
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from netcl_loader import _loopthread
+from netcl_loader.remote import loop as remote_loop
 
 WAIT_SECONDS = 10
 
@@ -20,14 +20,14 @@ def loop_threads():
 
 
 def test_no_thread_of_the_loop_runs_inside_a_pause_and_fetches_go_on_after():
-    loop = _loopthread.running_loop()
+    loop = remote_loop.running_loop()
 
     async def slow():
         await asyncio.sleep(0.2)
         return "done"
 
     pending = asyncio.run_coroutine_threadsafe(slow(), loop)
-    with _loopthread.paused():
+    with remote_loop.paused():
         assert loop_threads() == []
     # Nobody asks for the loop again: the pause itself restarts it.
     assert pending.result(WAIT_SECONDS) == "done"
@@ -35,22 +35,22 @@ def test_no_thread_of_the_loop_runs_inside_a_pause_and_fetches_go_on_after():
 
 
 def test_a_callback_that_asks_for_the_loop_while_it_stops_does_not_stall_the_pause():
-    loop = _loopthread.running_loop()
+    loop = remote_loop.running_loop()
 
     async def asks():
         time.sleep(0.3)                 # still running when the pause begins
-        return _loopthread.running_loop() is loop
+        return remote_loop.running_loop() is loop
 
     got = asyncio.run_coroutine_threadsafe(asks(), loop)
     time.sleep(0.05)
-    with _loopthread.paused():
+    with remote_loop.paused():
         pass
     assert got.result(WAIT_SECONDS) is True
 
     async def later():
         return 7
 
-    assert asyncio.run_coroutine_threadsafe(later(), _loopthread.running_loop()).result(
+    assert asyncio.run_coroutine_threadsafe(later(), remote_loop.running_loop()).result(
         WAIT_SECONDS) == 7
 
 
@@ -58,16 +58,16 @@ def test_a_callback_that_asks_for_the_loop_while_it_stops_does_not_stall_the_pau
 def test_a_child_forked_inside_a_pause_has_a_loop_of_its_own():
     code = textwrap.dedent("""
         import asyncio, os
-        from netcl_loader import _loopthread
+        from netcl_loader.remote import loop as remote_loop
         for first_use in (False, True):
             if first_use:
-                _loopthread.running_loop()
-            with _loopthread.paused():
+                remote_loop.running_loop()
+            with remote_loop.paused():
                 pid = os.fork()
             if pid == 0:
                 async def asks():
-                    return _loopthread.running_loop() is not None
-                ok = asyncio.run_coroutine_threadsafe(asks(), _loopthread.running_loop()).result(10)
+                    return remote_loop.running_loop() is not None
+                ok = asyncio.run_coroutine_threadsafe(asks(), remote_loop.running_loop()).result(10)
                 os._exit(0 if ok else 1)
             _, status = os.waitpid(pid, 0)
             print(first_use, os.waitstatus_to_exitcode(status))

@@ -28,9 +28,9 @@ from remote_util import ACCESS_KEY, SECRET_KEY, FaultProxy, Nginx, SeaweedFS  # 
 
 from netcl_loader import DataLoader  # noqa: E402
 from netcl_loader._order import rank_shards, window_order, window_rank_length  # noqa: E402
-from netcl_loader._retry import (ObjectChangedError, RemoteError, Retry, classify,  # noqa: E402
-                                 describe)
-from netcl_loader._urls import Secrets, expand_braces, redact  # noqa: E402
+from netcl_loader.remote.retry import (ObjectChangedError, RemoteError, Retry,  # noqa: E402
+                                       classify, describe)
+from netcl_loader.remote.urls import Secrets, expand_braces, redact  # noqa: E402
 from netcl_loader.images import (ImageFiles, ImageFolder, RandomResizedCrop,  # noqa: E402
                                  TarImages)
 
@@ -171,7 +171,7 @@ def test_unknown_schemes_and_missing_packages_are_named(photos):
     with pytest.raises(ValueError, match=r"unknown URL scheme 'ftp://'") as e:
         TarImages("ftp://host/shard.tar")
     assert "ftp://host/shard.tar" in str(e.value) and "s3://" in str(e.value)
-    from netcl_loader._store import Store
+    from netcl_loader.remote.store import Store
     store = Store("gs", {})
     try:
         import gcsfs  # noqa: F401
@@ -444,7 +444,7 @@ def test_missing_remote_files_and_folders_fail_at_construction(photos, s3, tmp_p
 def test_remote_files_evict_what_is_needed_last_and_stay_under_the_bound(tmp_path):
     # More files than the smallest cache holds (a batch of MIN_CACHED_FILES
     # must fit), so that the cache evicts while the epoch runs.
-    from netcl_loader.images._remote import MIN_CACHED_FILES
+    from netcl_loader.remote.objects import MIN_CACHED_FILES
     n = MIN_CACHED_FILES + 64
     folder = tmp_path / "many"
     make_jpegs(folder, n, size=(24, 16), seed=5)
@@ -820,7 +820,7 @@ def test_two_fetches_of_one_entry_in_a_process_do_not_share_a_partial_file(tmp_p
     # at once: each reservation writes its own file, so the second does not
     # truncate what the first wrote, and the bytes given back leave the
     # ledger equal to the folder.
-    from netcl_loader._cache import Cache
+    from netcl_loader.remote.cache import Cache
     cache = Cache(tmp_path / "cache", 1 << 20)
     key = "ab" * 20
     first = cache.begin(key, 8)
@@ -861,7 +861,7 @@ def test_a_body_that_trickles_in_is_given_up_at_the_deadline(tmp_path):
     # Each byte comes within the read timeout, the whole body would take far
     # longer than deadline_seconds: the request is given up at the deadline
     # (RemoteError naming the URL), not held until the body ends.
-    from netcl_loader._store import Store
+    from netcl_loader.remote.store import Store
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(8)
@@ -940,7 +940,7 @@ def test_retries_leave_the_programs_random_stream_alone(s3):
     # back off alike.
     import multiprocessing
     import random
-    from netcl_loader._store import Store
+    from netcl_loader.remote.store import Store
     s3.put("jitter/a.bin", os.urandom(1 << 16))
     with FaultProxy(s3.port, slowdown=0.5, seed=1) as proxy:
         store = Store("s3", s3.storage_options(proxy.url),
@@ -1051,7 +1051,7 @@ def test_a_listing_interrupted_resumes_from_the_page_it_reached(s3, tmp_path, mo
     # pages every 1,000): every page after the first fails once with a 503.
     # Each page is retried on its own, from its continuation token: the first
     # page is asked for once, not again after each fault.
-    import netcl_loader._store as store_module
+    import netcl_loader.remote.store as store_module
     monkeypatch.setattr(store_module, "LIST_PAGE_KEYS", 10)
     client = s3.client()
     jpeg = make_jpegs(tmp_path / "j", 1, size=(16, 16))[0]

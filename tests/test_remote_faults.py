@@ -21,8 +21,8 @@ from fault_http import FaultHTTP  # noqa: E402
 from images_util import make_jpegs  # noqa: E402
 
 from netcl_loader import DataLoader  # noqa: E402
-from netcl_loader._retry import RemoteError, Retry, classify  # noqa: E402
-from netcl_loader._store import Store  # noqa: E402
+from netcl_loader.remote.retry import RemoteError, Retry, classify  # noqa: E402
+from netcl_loader.remote.store import Store  # noqa: E402
 from netcl_loader.images import ImageFiles, RandomResizedCrop, TarImages  # noqa: E402
 
 CROP = RandomResizedCrop(32, scale=(0.5, 1.0))
@@ -213,7 +213,7 @@ def test_a_body_longer_than_its_length_is_a_transient_fault_not_a_made_up_400():
 
 
 def test_bad_responses_are_transient():
-    from netcl_loader._retry import BadResponse
+    from netcl_loader.remote.retry import BadResponse
     assert classify(BadResponse(5, "x")) == "transient"
 
 
@@ -221,7 +221,7 @@ def test_a_shard_answered_from_offset_zero_is_never_committed_to_the_cache(tmp_p
     # The reported case: every 8 MiB range answered 206 with the bytes from
     # offset 0.  The index pass reads the shard in such ranges: it fails
     # naming the URL, and no cache entry holds the wrong bytes.
-    from netcl_loader._prefetch import BLOCK_BYTES
+    from netcl_loader.remote.units import BLOCK_BYTES
     folder = tmp_path / "img"
     paths = make_jpegs(folder, 4, size=(48, 40), seed=9)
     buf = io.BytesIO()
@@ -260,7 +260,7 @@ def test_a_correct_origin_still_serves_ranges(tmp_path):
 
 
 def test_the_default_cache_folder_is_the_users_own(tmp_path, monkeypatch):
-    from netcl_loader._cache import default_cache_dir
+    from netcl_loader.remote.cache import default_cache_dir
     monkeypatch.delenv("NETCL_LOADER_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert default_cache_dir() == str(tmp_path / "xdg" / "netcl_loader")
@@ -386,7 +386,7 @@ def test_a_url_signed_again_keeps_its_cache_entry(jpegs, tmp_path):
     # Presigned URLs carry a signature, a credential, a date and an expiry
     # that change every time they are signed: none of it may name the cache
     # entry, or every re-signed URL misses the cache.
-    from netcl_loader._urls import unsigned
+    from netcl_loader.remote.urls import unsigned
     names = sorted(jpegs)[:8]
 
     def signed(url, k):

@@ -12,7 +12,7 @@ from ._errors import CollateError
 from .dataloader import DataLoader, LoaderStats, LoaderTimeout, WorkerError
 from .datasets import ArrayDataset, Subset, random_split
 from .gpu_batch import GpuBatch
-from ._retry import Retry
+from .remote import Retry
 
 __version__ = "0.1.0"
 

@@ -31,9 +31,9 @@ from ._options import (BATCH_SIZE, DROP_LAST, PUBLIC_ATTRIBUTES, SHUFFLE, Unset,
                        check_flag, check_options, is_iterable_dataset, resolve_context)  # noqa: F401
 from ._order import (STATE_VERSION, check_state, epoch_length, epoch_order, global_order, group,
                      index_batches, length_or_none, local_order, num_batches, shard_length)
-from ._loopthread import paused as stores_paused
+from .remote.loop import paused as stores_paused
 from ._pool import Pool, WorkerError
-from ._prefetch import Prefetcher
+from .remote.prefetch import Prefetcher
 from ._stats import LoaderStats
 from ._worker import BatchMaker, dataset_state, is_stateful
 from ._output import Delivery

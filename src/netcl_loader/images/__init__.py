@@ -21,18 +21,12 @@ fallback path) even where the compiled decoder is built.
 """
 from __future__ import annotations
 
-from ._buffers import MAX_OPEN_SHARDS, READ_BUFFER_BYTES, READ_BUFFER_KEEP, _here, _Process  # noqa: F401
-from ._crops import (CROP_TRIES, IOU_CROP_ATTEMPTS, CenterCrop, Letterbox,  # noqa: F401
-                     RandomIoUCrop, RandomResizedCrop, SquareCrop)
-from ._datasets import (IMG_EXTENSIONS, ON_ERRORS, OUTPUTS, ImageFiles, ImageFolder,  # noqa: F401
-                        TarImages)
-from ._detection import DetectionFiles  # noqa: F401
-from ._readers import CocoDetection, WiderFace  # noqa: F401
-from ._decoders import (DECODER_ENV, MAX_PIXELS, ImageFileError, _compiled_module,  # noqa: F401
-                        _pillow_rgb, _resize_kernel, _use_compiled, decoder_info)
-from ._sources import MAX_FILE_BYTES, _pread_into, _read_file  # noqa: F401
-from ._tarindex import _TAR_IMAGE_EXTS, _TAR_INDEX_VERSION, _TarIndex  # noqa: F401
-from .._retry import ObjectChangedError, RemoteError, Retry  # noqa: F401
+from ._crops import CenterCrop, Letterbox, RandomIoUCrop, RandomResizedCrop, SquareCrop
+from ._datasets import IMG_EXTENSIONS, ImageFiles, ImageFolder, TarImages
+from ._decoders import DECODER_ENV, ImageFileError, decoder_info
+from ._detection import DetectionFiles
+from ._readers import CocoDetection, WiderFace
+from ..remote import ObjectChangedError, RemoteError, Retry
 
 __all__ = ["ImageFolder", "ImageFiles", "TarImages", "RandomResizedCrop", "CenterCrop",
            "ImageFileError", "IMG_EXTENSIONS", "DECODER_ENV", "decoder_info", "Retry",

@@ -5,9 +5,9 @@ import argparse
 import json
 import sys
 
-from .._urls import is_remote, redact
-from ._remote import (SIDECAR_SUFFIX, _Progress, build_remote_index, index_npz, infos_of,
-                      names_of, store_of)
+from ..remote.objects import SIDECAR_SUFFIX, Progress, infos_of, store_of
+from ..remote.urls import is_remote, names_of, redact
+from ._shards import build_remote_index, index_npz
 from ._tarindex import _TarIndex
 
 
@@ -29,7 +29,7 @@ def index(patterns, endpoint_url=None, out=sys.stdout, storage_options=None):
             options["endpoint_url"] = endpoint_url
         store = store_of(remote, options, None, "index")
         infos, _ = infos_of(store, remote, with_sidecars=False)
-        bar = _Progress(sum(i.size for i in infos), f"indexing {len(infos)} shards")
+        bar = Progress(sum(i.size for i in infos), f"indexing {len(infos)} shards")
         try:
             for info in infos:
                 data = index_npz(build_remote_index(store, info, progress=bar), info.version)

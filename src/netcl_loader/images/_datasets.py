@@ -17,12 +17,12 @@ from ._crops import CenterCrop, RandomResizedCrop
 from ._decoders import (MAX_PIXELS, ImageFileError, _compiled_module, _pillow_rgb,
                         _resize_kernel, _use_compiled)
 from ._sources import MAX_FILE_BYTES, _names_blob, _pread_into, _read_file, _too_large
-from ._remote import (REMOTE_WINDOW, check_window, list_folder, names_of, remote_files,
-                      remote_shards)
+from ._shards import REMOTE_WINDOW, check_window, remote_shards
 from ._tarindex import _TAR_IMAGE_EXTS, _TarIndex
 from .._order import window_order, window_rank_length
-from .._retry import RemoteError
-from .._urls import is_remote, local_path, redact, scheme_of
+from ..remote import RemoteError
+from ..remote.objects import list_folder, remote_files
+from ..remote.urls import is_remote, local_path, names_of, redact, scheme_of
 
 __all__ = ["ImageFolder", "ImageFiles", "TarImages", "IMG_EXTENSIONS"]
 

@@ -13,7 +13,7 @@ from ._buffers import _here
 from ._crops import Letterbox, RandomIoUCrop, RandomResizedCrop, SquareCrop, _size_pair
 from ._datasets import ImageFiles, _checked_options, _fs_names
 from ._sources import MAX_FILE_BYTES
-from .._urls import redact
+from ..remote.urls import redact
 
 __all__ = ["DetectionFiles", "IMAGENET_MEAN"]
 

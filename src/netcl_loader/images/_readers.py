@@ -11,7 +11,7 @@ import numpy as np
 
 from ._detection import _DEFAULT_CROP, DetectionFiles
 from ._sources import MAX_FILE_BYTES
-from .._urls import redact
+from ..remote.urls import redact
 
 __all__ = ["CocoDetection", "WiderFace", "parse_wider", "parse_coco", "WIDER_ATTRIBUTES",
            "WIDER_SPLITS"]

@@ -9,8 +9,7 @@ function of ``(seed, epoch)``, exact resume, the same batches for every
 """
 from __future__ import annotations
 
-from ._datasets import DEFAULT_SHUFFLE_WINDOW, PACKINGS, Mixture, TokenFiles  # noqa: F401
-from ._formats import MEGATRON_DTYPES, MEGATRON_HEADER, TOKEN_DTYPES  # noqa: F401
-from ._packing import IGNORE_INDEX  # noqa: F401
+from ._datasets import PACKINGS, Mixture, TokenFiles
+from ._packing import IGNORE_INDEX
 
 __all__ = ["TokenFiles", "Mixture", "IGNORE_INDEX", "PACKINGS"]

@@ -13,7 +13,7 @@ import struct
 
 import numpy as np
 
-from .._urls import expand_all, is_remote, local_path, redact
+from ..remote.urls import expand_all, is_remote, local_path, redact
 
 __all__ = ["TokenStream", "open_stream", "MEGATRON_DTYPES", "MEGATRON_HEADER", "TOKEN_DTYPES"]
 
@@ -335,7 +335,7 @@ def _remote_kinds(names):
 def _remote_units(names, storage_options, cache_dir, cache_bytes):
     """The Units of the remote objects that ``names`` need (``.idx`` and ``.bin`` for a
     Megatron prefix), and for each name the unit numbers it reads."""
-    from ..images._remote import remote_files  # (imports the object store's machinery)
+    from ..remote.objects import remote_files  # (imports the object store's machinery)
     urls, which = [], []
     for name, prefix in _remote_kinds(names):
         if prefix is None:

@@ -1,4 +1,10 @@
-"""Image data in object storage: naming shards and files by URL, listing them, their indexes and the cache's bound."""
+"""Objects in a store as a dataset sees them: its store, listings, streaming reads, index sidecars, the cache's bound, files as units.
+
+Scheme-generic: whatever the objects hold (tar shards, image files, token
+files), the datasets build their :class:`~.store.Store`, list and size
+their objects, and get the :class:`~.units.Units` a loader fetches ahead,
+through these functions.
+"""
 from __future__ import annotations
 
 import asyncio
@@ -11,21 +17,16 @@ import time
 
 import numpy as np
 
-from .._cache import Cache, _own_folder, default_cache_dir, entry_key
-from .._prefetch import BLOCK_BYTES, MAX_FILE_REQUESTS, MAX_REQUESTS, Units
-from .._retry import Retry
-from .._store import POOL_CONNECTIONS, ObjectInfo, Store
-from .._urls import expand_braces, is_remote, local_path, redact, scheme_of
-from ._tarindex import _TAR_INDEX_VERSION, _TarIndex
+from .cache import Cache, default_cache_dir, own_folder
+from .retry import Retry
+from .store import POOL_CONNECTIONS, ObjectInfo, Store
+from .units import BLOCK_BYTES, MAX_FILE_REQUESTS, Units
+from .urls import redact, scheme_of
 
-__all__ = ["REMOTE_WINDOW", "SIDECAR_SUFFIX", "MIN_CACHED_FILES", "FILES_CACHE_BYTES",
-           "names_of", "remote_shards", "remote_files", "list_folder", "RemoteReader",
-           "check_window", "TextArray"]
+__all__ = ["SIDECAR_SUFFIX", "MIN_CACHED_FILES", "FILES_CACHE_BYTES", "check_count", "store_of",
+           "infos_of", "strong_etag", "RemoteReader", "read_sidecars", "Progress", "write_atomic",
+           "make_cache", "TextArray", "remote_files", "list_folder"]
 
-#: ``shuffle_window`` when any shard is remote and none is given: 16 shards
-#: read at once mix samples from 16 places of the dataset, and 16 shards of
-#: about 100 MB (twice that with the prefetch) fit an ordinary disk.
-REMOTE_WINDOW = 16
 #: The index written beside a shard (local shards keep theirs under this name too).
 SIDECAR_SUFFIX = ".idx.npz"
 #: The smallest cache for image files named by URL holds this many of the
@@ -37,52 +38,11 @@ MIN_CACHED_FILES = 256
 FILES_CACHE_BYTES = 4 << 30
 #: Objects asked about at once (HEADs, sidecars) when a dataset is built.
 _CONCURRENT_LOOKUPS = 32
-#: The index keys, as the local index cache stores them.
-_INDEX_KEYS = ("offset", "size", "label", "keys", "key_offsets", "ext")
 
 
-def names_of(values, what, name):
-    """The names ``values`` stand for, in order: each str with its brace ranges
-    expanded (a local file whose name has braces is taken as it is), local
-    paths made absolute, URLs kept as given."""
-    if isinstance(values, (str, bytes, os.PathLike)):
-        values = [values]
-    try:
-        items = list(values)
-    except TypeError:
-        raise TypeError(f"{what}: {name} must be a sequence of file names, got {values!r} "
-                        f"(paths or URLs)") from None
-    out = []
-    for k, v in enumerate(items):
-        if isinstance(v, os.PathLike):
-            v = os.fspath(v)
-        if isinstance(v, bytes):
-            out.append(os.fsdecode(os.path.abspath(v)))
-            continue
-        if not isinstance(v, str):
-            raise TypeError(f"{what}: {name}[{k}] is {v!r}, not a file name or a URL (str, "
-                            f"bytes or os.PathLike)")
-        scheme_of(v)   # an unknown scheme is a ValueError naming it
-        if "{" in v and not (not is_remote(v) and os.path.exists(local_path(v))):
-            expanded = expand_braces(v)
-        else:
-            expanded = [v]
-        for e in expanded:
-            out.append(e if is_remote(e) else os.path.abspath(local_path(e)))
-    return out
-
-
-def check_window(shuffle_window, what):
-    if shuffle_window is None:
-        return None
-    if (isinstance(shuffle_window, bool) or not isinstance(shuffle_window, int)
-            or shuffle_window < 1):
-        raise ValueError(f"{what}: shuffle_window must be None or a number of shards >= 1, "
-                         f"got {shuffle_window!r}")
-    return int(shuffle_window)
-
-
-def _count(value, name, what, minimum=0):
+def check_count(value, name, what, minimum=0):
+    """``value`` (None, or an int >= ``minimum``) as an int; a ValueError naming
+    ``what``'s argument ``name`` otherwise."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -109,7 +69,7 @@ def store_of(urls, storage_options, retry, what, max_requests=None):
 
 
 def infos_of(store, urls, with_sidecars):
-    """``(infos, sidecars)``: an :class:`~.._store.ObjectInfo` per URL, and the set of
+    """``(infos, sidecars)``: an :class:`~.store.ObjectInfo` per URL, and the set of
     URLs whose sidecar index is there.  Listings where the store has them (one
     request per folder), HEADs otherwise; a missing object or bucket is a
     FileNotFoundError naming it, refused credentials a PermissionError."""
@@ -160,8 +120,7 @@ def infos_of(store, urls, with_sidecars):
 
 
 # --------------------------------------------------------------------------
-# Indexes
-
+# Reading objects and their sidecars
 
 def strong_etag(etag):
     """The ETag requests may be made conditional on: a weak one (``W/...``) never
@@ -208,24 +167,23 @@ class RemoteReader(io.RawIOBase):
             pass
 
 
-def _index_from_npz(data, version):
-    try:
-        with np.load(io.BytesIO(data) if isinstance(data, bytes) else data) as z:
-            if (int(z["layout"]) == _TAR_INDEX_VERSION and str(z["source"]) == version):
-                return {k: z[k] for k in _INDEX_KEYS}
-    except Exception:  # noqa: BLE001 - missing, stale layout or damaged: built again
-        pass
-    return None
+def read_sidecars(store, infos, sidecars):
+    """``[(k, bytes or None)]``: the sidecar of every object ``infos[k]`` whose URL
+    is in ``sidecars`` (None where it is gone since it was listed)."""
+    async def fetch_sidecars():
+        sem = asyncio.Semaphore(_CONCURRENT_LOOKUPS)
+
+        async def one(k):
+            async with sem:
+                try:
+                    return k, await store.read(infos[k].url + SIDECAR_SUFFIX)
+                except FileNotFoundError:
+                    return k, None
+        return await asyncio.gather(*(one(k) for k, i in enumerate(infos) if i.url in sidecars))
+    return store.sync(fetch_sidecars)
 
 
-def index_npz(index, version):
-    """The bytes of an index file for the shard version ``version``."""
-    out = io.BytesIO()
-    np.savez(out, layout=np.int64(_TAR_INDEX_VERSION), source=np.array(version), **index)
-    return out.getvalue()
-
-
-class _Progress:
+class Progress:
     """A progress bar over bytes on stderr (tqdm's where installed, else a line
     every few seconds)."""
 
@@ -253,75 +211,8 @@ class _Progress:
             self.bar.close()
 
 
-def build_remote_index(store, info, part=None, progress=None):
-    """The index of one remote shard, from one streaming pass over it."""
-    reader = RemoteReader(store, info, part, progress)
-    index = _TarIndex.build(redact(info.url), fileobj=io.BufferedReader(reader, 1 << 16))
-    if part is not None:
-        reader.drain()
-    return index
-
-
-def remote_indexes(store, infos, sidecars, cache, what, bodies=None):
-    """The index of every remote shard: its sidecar (if it was written for this
-    version), else the cache's copy, else one streaming pass (shown by a
-    progress bar, and kept in the cache; the bytes read go into the cache
-    too where it has room)."""
-    out = [None] * len(infos)
-
-    async def fetch_sidecars():
-        sem = asyncio.Semaphore(_CONCURRENT_LOOKUPS)
-
-        async def one(k):
-            async with sem:
-                try:
-                    return k, await store.read(infos[k].url + SIDECAR_SUFFIX)
-                except FileNotFoundError:
-                    return k, None
-        return await asyncio.gather(*(one(k) for k, i in enumerate(infos) if i.url in sidecars))
-    for k, data in store.sync(fetch_sidecars):
-        if data is not None:
-            out[k] = _index_from_npz(data, infos[k].version)
-    todo = []
-    for k, info in enumerate(infos):
-        if out[k] is not None:
-            continue
-        key = entry_key(info.url, info.version)
-        cached = cache.index_path(key)
-        if os.path.exists(cached):
-            out[k] = _index_from_npz(cached, info.version)
-        if out[k] is None:
-            todo.append(k)
-    if todo:
-        bar = _Progress(sum(infos[k].size for k in todo),
-                        f"{what}: indexing {len(todo)} shards")
-        try:
-            for k in todo:
-                info = infos[k]
-                key = entry_key(info.url, info.version)
-                part = None if cache.has(key) else cache.begin(key, info.size)
-                try:
-                    if bodies and k in bodies:   # fetched whole already (no size given)
-                        index = _TarIndex.build(redact(info.url), fileobj=io.BytesIO(bodies[k]))
-                        if part is not None:
-                            part.write_at(0, bodies[k])
-                        bar(len(bodies[k]))
-                    else:
-                        index = build_remote_index(store, info, part, bar)
-                except BaseException:
-                    if part is not None:
-                        part.abort()
-                    raise
-                if part is not None:
-                    part.commit()
-                _write_atomic(cache.index_path(key), index_npz(index, info.version))
-                out[k] = index
-        finally:
-            bar.close()
-    return out
-
-
-def _write_atomic(path, data):
+def write_atomic(path, data):
+    """Write ``data`` to ``path`` whole or not at all (a failure leaves no file)."""
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         with open(tmp, "wb") as f:
@@ -334,6 +225,7 @@ def _write_atomic(path, data):
             pass
 
 
+
 # --------------------------------------------------------------------------
 # The cache's bound
 
@@ -343,11 +235,11 @@ def make_cache(cache_dir, cache_bytes, need, want, what, need_text):
     window and the prefetch hold at once), or by default ``want`` bytes (what
     is worth holding) within half the disk's free space, never below ``need``."""
     folder = default_cache_dir() if cache_dir is None else os.fspath(cache_dir)
-    cache_bytes = _count(cache_bytes, "cache_bytes", what, 1)
+    cache_bytes = check_count(cache_bytes, "cache_bytes", what, 1)
     if cache_bytes is not None and cache_bytes < need:
         raise ValueError(f"{what}: cache_bytes={cache_bytes} is too small: {need_text}, "
                          f"{need} bytes in all; give cache_bytes >= {need}")
-    _own_folder(os.path.abspath(os.path.expanduser(folder)), f"{what}: cache_dir")
+    own_folder(os.path.abspath(os.path.expanduser(folder)), f"{what}: cache_dir")
     if cache_bytes is None:
         free = shutil.disk_usage(folder).free
         cache_bytes = max(need, min(want, free // 2))
@@ -358,66 +250,9 @@ def make_cache(cache_dir, cache_bytes, need, want, what, need_text):
     return Cache(folder, cache_bytes)
 
 
-def remote_shards(names, storage_options, retry, cache_dir, cache_bytes, window, prefetch, what,
-                  max_requests=None):
-    """What TarImages needs of its remote shards: ``(indexes, units)`` with
-    ``indexes[k]`` None for a local shard (indexed where it lies)."""
-    prefetch = _count(prefetch, "prefetch_shards", what, 0)
-    max_requests = _count(max_requests, "max_requests", what, 1) or MAX_REQUESTS
-    remote = [is_remote(n) for n in names]
-    urls = [n for n, r in zip(names, remote) if r]
-    store = store_of(urls, storage_options, retry, what, max_requests)
-    infos, sidecars = infos_of(store, urls, with_sidecars=True)
-    # A shard whose size the store does not give (no Content-Length, a gzip
-    # Content-Encoding) is fetched whole now, sized on arrival and indexed
-    # from those bytes; later it is fetched whole again (never in ranges,
-    # which such a server may not serve), and the bound counts its real size.
-    bodies = {}
-    for k, info in enumerate(infos):
-        if info.size < 0:
-            data = store.sync(store.read, info.url, None)
-            infos[k] = ObjectInfo(info.url, len(data), info.etag, info.mtime)
-            bodies[k] = data
-    sizes = [i.size for i in infos]
-    biggest = max(sizes)
-    w = min(window, len(urls))
-    p = min(window if prefetch is None else prefetch, len(urls) - w)
-    # One batch reads the end of one window and the start of the next: up to
-    # 2 * w shards at once, whatever the prefetch.  The gate hands a batch out
-    # only once all it reads is in the cache, so an accepted bound holds them.
-    straddle = min(2 * w, len(urls)) - (w + p)
-    straddle = max(0, straddle)
-    need = (w + p + straddle) * biggest
-    need_text = (f"the window of {w} shards needs {w * biggest} bytes and the prefetch of {p} "
-                 f"shards {p * biggest} bytes"
-                 + (f", and {straddle} more shards ({straddle * biggest} bytes) for a batch "
-                    f"that reads the end of one window and the start of the next"
-                    if straddle else "")
-                 + f" (the largest shard is {biggest} bytes); or lower shuffle_window or "
-                   f"prefetch_shards")
-    cache = make_cache(cache_dir, cache_bytes, need, max(need, sum(sizes)), what, need_text)
-    indexes = remote_indexes(store, infos, sidecars, cache, what, bodies)
-    it = iter(zip(infos, indexes, range(len(infos))))
-    all_sizes, versions, etags, out = [], [], [], []
-    for n, r in zip(names, remote):
-        if r:
-            info, index, k = next(it)
-            all_sizes.append(-1 if k in bodies else info.size)   # -1: fetched whole
-            versions.append(info.version)
-            etags.append(strong_etag(info.etag))
-            out.append(index)
-        else:
-            all_sizes.append(-1)
-            versions.append("")
-            etags.append(None)
-            out.append(None)
-    units = Units(list(names), remote, all_sizes, versions, etags, store, cache,
-                  max_requests=max_requests)
-    return out, units
-
 
 # --------------------------------------------------------------------------
-# Image files named by URL
+# Files named by URL, and folders of them
 
 
 class TextArray:
@@ -454,7 +289,7 @@ class TextArray:
 
 def remote_files(names, remote, storage_options, retry, cache_dir, cache_bytes, what,
                  infos=None, store=None, max_requests=None, sized_by_fetch=False):
-    """The :class:`~.._prefetch.Units` of image files, one per file: ``names[u]``
+    """The :class:`~.units.Units` of image files, one per file: ``names[u]``
     (a sequence of str, kept as the units' names) is a local path or a URL,
     ``remote[u]`` whether it is a URL.  Every remote file is listed (or given
     in ``infos``, in the order of the remote names) at construction: a missing
@@ -462,7 +297,7 @@ def remote_files(names, remote, storage_options, retry, cache_dir, cache_bytes, 
     files (which no listing sizes) are not asked about at construction but
     fetched whole, sized on arrival (small files: images)."""
     remote = np.asarray(remote, bool)
-    max_requests = _count(max_requests, "max_requests", what, 1) or MAX_FILE_REQUESTS
+    max_requests = check_count(max_requests, "max_requests", what, 1) or MAX_FILE_REQUESTS
     urls = [names[u] for u in np.flatnonzero(remote).tolist()]
     if store is None:
         store = store_of(urls, storage_options, retry, what, max_requests)
@@ -512,7 +347,7 @@ def list_folder(root, storage_options, retry, extensions, what, max_requests=Non
     Objects right under ``root`` belong to no class and are passed over, as
     files beside the class folders are."""
     root = root if root.endswith("/") else root + "/"
-    max_requests = _count(max_requests, "max_requests", what, 1) or MAX_FILE_REQUESTS
+    max_requests = check_count(max_requests, "max_requests", what, 1) or MAX_FILE_REQUESTS
     store = store_of([root], storage_options, retry, what, max_requests)
     if store.protocol in ("http", "https"):
         raise ValueError(f"{what}: root {redact(root)!r}: an HTTP server has no listing of its "

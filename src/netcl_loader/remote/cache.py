@@ -11,9 +11,10 @@ import stat
 import threading
 import time
 
-from ._urls import unsigned
+from .urls import unsigned
 
-__all__ = ["Cache", "CACHE_ENV", "default_cache_dir", "entry_key", "STALE_SECONDS"]
+__all__ = ["Cache", "CACHE_ENV", "default_cache_dir", "own_folder", "entry_key", "STALE_SECONDS",
+           "TOUCH_SECONDS"]
 
 #: Environment variable naming the cache folder when ``cache_dir`` is not given.
 CACHE_ENV = "NETCL_LOADER_CACHE"
@@ -37,7 +38,7 @@ def default_cache_dir():
     return os.path.join(base, "netcl_loader")
 
 
-def _own_folder(path, what="cache_dir"):
+def own_folder(path, what="cache_dir"):
     """Make ``path`` (mode 0700) if missing and check that it is a folder of this
     user that no other user can write; a ValueError naming it otherwise."""
     if os.path.exists(path) and not os.path.isdir(path):
@@ -119,9 +120,9 @@ class Cache:
         self.bound = int(bound)
         self.data = os.path.join(self.folder, "data")
         self.index_dir = os.path.join(self.folder, "index")
-        _own_folder(self.folder)
+        own_folder(self.folder)
         for sub in (self.data, self.index_dir):
-            _own_folder(sub, f"cache_dir {self.folder!r}: the folder")
+            own_folder(sub, f"cache_dir {self.folder!r}: the folder")
         self._lock_path = os.path.join(self.data, ".lock")
         self._ledger_path = os.path.join(self.data, ".ledger")
         self.peak = 0

@@ -4,7 +4,8 @@ from __future__ import annotations
 import os
 import re
 
-__all__ = ["SCHEMES", "scheme_of", "is_remote", "local_path", "expand_braces", "expand_all",
+__all__ = ["SCHEMES", "scheme_of", "is_remote", "local_path", "names_of", "expand_braces",
+           "expand_all",
            "redact", "Secrets", "protocol_of", "missing_package_error", "unsigned"]
 
 #: URL scheme -> (fsspec protocol, the pip package that provides it).  The
@@ -54,6 +55,37 @@ def local_path(name):
             rest = rest[len("localhost"):]
         return unquote(rest)
     return name
+
+
+def names_of(values, what, name):
+    """The names ``values`` stand for, in order: each str with its brace ranges
+    expanded (a local file whose name has braces is taken as it is), local
+    paths made absolute, URLs kept as given."""
+    if isinstance(values, (str, bytes, os.PathLike)):
+        values = [values]
+    try:
+        items = list(values)
+    except TypeError:
+        raise TypeError(f"{what}: {name} must be a sequence of file names, got {values!r} "
+                        f"(paths or URLs)") from None
+    out = []
+    for k, v in enumerate(items):
+        if isinstance(v, os.PathLike):
+            v = os.fspath(v)
+        if isinstance(v, bytes):
+            out.append(os.fsdecode(os.path.abspath(v)))
+            continue
+        if not isinstance(v, str):
+            raise TypeError(f"{what}: {name}[{k}] is {v!r}, not a file name or a URL (str, "
+                            f"bytes or os.PathLike)")
+        scheme_of(v)   # an unknown scheme is a ValueError naming it
+        if "{" in v and not (not is_remote(v) and os.path.exists(local_path(v))):
+            expanded = expand_braces(v)
+        else:
+            expanded = [v]
+        for e in expanded:
+            out.append(e if is_remote(e) else os.path.abspath(local_path(e)))
+    return out
 
 
 def protocol_of(scheme):

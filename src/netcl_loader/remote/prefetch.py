@@ -1,47 +1,34 @@
 """Fetching ahead: the remote objects the coming batches need, into the cache, before any worker reads them.
 
 A dataset whose samples live in remote objects (tar shards, image files)
-describes them as :class:`Units`.  A loader over it makes one
+describes them as :class:`~.units.Units`.  A loader over it makes one
 :class:`Prefetcher`, and each epoch one :class:`Gate` over the epoch's
 batches: the gate's thread walks the batches ahead of the workers and has
 their units fetched (whole objects, in ranged requests of
-:data:`BLOCK_BYTES`, many in flight) into the cache; the loader hands a batch
-to a worker only once every unit it reads is in the cache, so workers only
-ever read local bytes by offset.  The order of the batches is known in
-advance, so what is evicted when room is short is exactly what is needed
-last (Belady's rule), and never a unit a batch in flight still reads.
+:data:`~.units.BLOCK_BYTES`, many in flight) into the cache; the loader
+hands a batch to a worker only once every unit it reads is in the cache, so
+workers only ever read local bytes by offset.  The order of the batches is
+known in advance, so what is evicted when room is short is exactly what is
+needed last, and never a unit a batch in flight still reads (the policy is
+:class:`~.eviction.NextUse`).
 """
 from __future__ import annotations
 
 import asyncio
-import collections
-import copy
 import errno
-import os
 import threading
 import time
 
 import numpy as np
 
-from ._cache import TOUCH_SECONDS, entry_key
-from ._loopthread import join_thread
-from ._urls import redact
+from .cache import TOUCH_SECONDS
+from .eviction import NextUse
+from .loop import join_thread
 
-__all__ = ["Units", "Prefetcher", "Gate", "BLOCK_BYTES", "MAX_REQUESTS", "MAX_FILE_REQUESTS"]
+__all__ = ["Prefetcher", "Gate"]
 
-#: Bytes of one ranged request of a whole-object fetch: large enough that a
-#: request's own cost (a round trip, a signature) is small against it, small
-#: enough that one shard is fetched by several requests at once.
-BLOCK_BYTES = 8 << 20
-#: Requests in flight per loader: enough to keep a store's per-connection
-#: throughput from being the limit (S3 serves each connection at tens of MB/s).
-MAX_REQUESTS = 16
 #: Objects whose size is not known before they are fetched, fetched at once.
 MAX_UNSIZED = 64
-#: Requests in flight per loader for image files named by URL: each file is
-#: small (a few hundred KB), so a request's round trip, not the bandwidth,
-#: bounds it, and many in flight keep the decoders fed.
-MAX_FILE_REQUESTS = 64
 #: How often a waiting gate looks at the loader's progress again.
 POLL_SECONDS = 0.005
 #: Batches taken from the epoch's order at a time when the gate looks ahead.
@@ -55,221 +42,6 @@ MAX_LISTED_UNITS = 100_000
 STUCK_SECONDS = 60.0
 #: How long closing a loader waits for its cancelled fetches to clean up.
 CLOSE_WAIT_SECONDS = 5.0
-
-
-class Units:
-    """The objects a dataset's samples are read from, and where their bytes are read locally.
-
-    ``urls[u]`` is unit ``u`` (a shard or a file); ``remote[u]`` whether it
-    is fetched (a local unit is read where it is); ``sizes[u]`` its size in
-    bytes (-1: not known before it is fetched); ``versions[u]`` what
-    identifies its version (ETag, else size and mtime) and keys its cache
-    entry; ``etags[u]`` the ETag every request for it is conditional on (or
-    None).  ``sample_units`` maps each sample to its unit (None: sample
-    ``i`` is unit ``i``).  Picklable: workers get it inside the dataset.
-    """
-
-    def __init__(self, urls, remote, sizes, versions, etags, store, cache, sample_units=None,
-                 max_requests=MAX_REQUESTS, unversioned=None):
-        self.urls = urls
-        self.remote = np.asarray(remote, bool)
-        self.sizes = np.asarray(sizes, np.int64)
-        self.versions = versions
-        self.etags = etags
-        self.store = store
-        self.cache = cache
-        self.sample_units = sample_units
-        self.max_requests = int(max_requests)
-        # Units whose version was not asked for before the first batch (HTTP
-        # files: no request per file at construction): an entry the cache holds
-        # for one is used only once the server says it is current (If-None-Match).
-        self.unversioned = None if unversioned is None else np.asarray(unversioned, bool)
-        self._keys = {}
-        # Unversioned units this process put in the cache or found current.
-        self.current = set()
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_keys"] = {}
-        state["current"] = set()
-        return state
-
-    def __len__(self):
-        return len(self.urls)
-
-    def is_unversioned(self, u):
-        return self.unversioned is not None and bool(self.unversioned[u])
-
-    @property
-    def any_remote(self):
-        return bool(self.remote.any())
-
-    def subset(self, indices):
-        """The same units read by the samples ``indices`` (a Subset's positions):
-        sample ``j`` of the copy reads what sample ``indices[j]`` reads."""
-        out = copy.copy(self)
-        idx = np.asarray(indices, np.int64)
-        out.sample_units = idx if self.sample_units is None else self.sample_units[idx]
-        out._keys = {}
-        return out
-
-    def units_of(self, indices):
-        """The remote units the samples ``indices`` read (sorted, unique)."""
-        idx = np.asarray(indices, np.int64)
-        units = idx if self.sample_units is None else self.sample_units[idx]
-        units = np.unique(units)
-        return units[self.remote[units]]
-
-    def key(self, u):
-        k = self._keys.get(u)
-        if k is None:
-            k = entry_key(self.urls[u], self.versions[u])
-            if len(self._keys) < 1 << 16:
-                self._keys[u] = k
-        return k
-
-    def name(self, u):
-        """Unit ``u`` as it may be shown."""
-        return redact(self.urls[u])
-
-    def path(self, u):
-        """Where unit ``u``'s bytes are read: the local file, or its cache entry."""
-        if not self.remote[u]:
-            return self.urls[u]
-        return self.cache.path(self.key(u))
-
-    # -- fetching -----------------------------------------------------------------
-    def ensure(self, u):
-        """Unit ``u``'s local path, fetching it now if it is not in the cache (a
-        read outside a loader, or a cache entry some other process evicted)."""
-        path = self.path(u)
-        if not self.remote[u]:
-            return path
-        if self.is_unversioned(u):
-            body = self.store.sync(self.fetch_bytes, u, None)
-            if body is not None:
-                self.put_bytes(u, body)
-            self.current.add(u)
-            return path
-        if os.path.exists(path):
-            return path
-        size = int(self.sizes[u])
-        if size < 0:
-            data = self.store.sync(self.store.read, self.urls[u], self.etags[u])
-            part = self._room(u, len(data))
-            try:
-                part.write_at(0, data)
-            except BaseException:
-                part.abort()   # (a full disk: the reserved bytes and the descriptor go back)
-                raise
-            part.commit()
-            return path
-        part = self._room(u, size)
-        try:
-            self.store.sync(self.fetch_into, u, part, None)
-        except BaseException:
-            part.abort()
-            raise
-        part.commit()
-        return path
-
-    def _room(self, u, size):
-        """A cache file for ``u`` of ``size`` bytes, evicting leftovers for it."""
-        cache = self.cache
-        part = cache.begin(self.key(u), size)
-        if part is None:
-            for key, _ in cache.stale(set()):
-                cache.evict(key)
-                part = cache.begin(self.key(u), size)
-                if part is not None:
-                    break
-        if part is None:
-            raise OSError(errno.ENOSPC, f"the cache {cache.folder!r} has no room for "
-                                        f"{self.name(u)} ({size} bytes): "
-                                        f"cache_bytes={cache.bound} bytes are in use by "
-                                        f"others", self.name(u))
-        return part
-
-    async def fetch_into(self, u, part, sem):
-        """Fetch unit ``u`` (of known size) whole into ``part``, in ranged requests
-        of BLOCK_BYTES, at most ``sem``'s count at once (None: one at a time)."""
-        url, etag, size = self.urls[u], self.etags[u], int(self.sizes[u])
-        store = self.store
-
-        async def block(lo, hi):
-            pos = [lo]
-
-            def sink(chunk):
-                part.write_at(pos[0], chunk)
-                pos[0] += len(chunk)
-            if sem is None:
-                await store.fetch(url, lo, hi, sink, etag)
-            else:
-                async with sem:
-                    await store.fetch(url, lo, hi, sink, etag)
-        if size == 0:
-            return
-        tasks = [asyncio.ensure_future(block(lo, min(lo + BLOCK_BYTES, size)))
-                 for lo in range(0, size, BLOCK_BYTES)]
-        try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-        finally:
-            # Every block has stopped before the caller may close the part: a
-            # block cancelled between two writes must not write after it.
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        for t in tasks:
-            if not t.cancelled() and t.exception() is not None:
-                raise t.exception()
-
-    async def fetch_bytes(self, u, sem):
-        """The bytes of unit ``u`` (of unknown size), whole; None when ``u`` is
-        unversioned and the copy in the cache is current (the server answered
-        304 to its ETag)."""
-        if sem is None:
-            return await self._fetch_bytes(u)
-        async with sem:
-            return await self._fetch_bytes(u)
-
-    async def _fetch_bytes(self, u):
-        if not self.is_unversioned(u):
-            return await self.store.read(self.urls[u], self.etags[u])
-        key, cache = self.key(u), self.cache
-        known = cache.kept_etag(key) if cache.has(key) else None
-        data, etag = await self.store.read_http(self.urls[u], known)
-        if data is None:
-            if cache.has(key):
-                return None
-            data, etag = await self.store.read_http(self.urls[u])
-        elif cache.has(key):
-            cache.evict(key)   # another version: the new bytes take its place
-        return _Body(data, etag)
-
-    def put_bytes(self, u, data):
-        """Put the whole bytes of ``u`` into the cache (room made by :meth:`_room`)."""
-        part = self._room(u, len(data))
-        try:
-            part.write_at(0, data)
-        except BaseException:
-            part.abort()
-            raise
-        part.commit()
-        self.keep_etag(u, data)
-
-    def keep_etag(self, u, data):
-        etag = getattr(data, "etag", None)
-        if etag and self.is_unversioned(u):
-            self.cache.keep_etag(self.key(u), etag)
-
-
-class _Body(bytes):
-    """An object's bytes with the ETag its answer gave (None: none given)."""
-
-    def __new__(cls, data, etag):
-        self = super().__new__(cls, data)
-        self.etag = etag
-        return self
 
 
 class _Figures:
@@ -448,8 +220,9 @@ class Gate:
     says without waiting whether the next batch may go out now.  A thread
     walks the batches ahead and fetches their units in the order they are
     first needed, making room by evicting what is needed last; ``progress``
-    (the epoch's :class:`~._order.Progress`) says which batches are done, so
-    that a unit read by a batch still in flight is never evicted.  An error
+    (the epoch's record of done batches: every ``seq`` below ``prefix``, and
+    those in ``extra``) says which batches are done, so that a unit read by
+    a batch still in flight is never evicted.  An error
     fetching a unit is raised when a batch that needs it is asked for.
     """
 
@@ -461,8 +234,7 @@ class Gate:
         self.ahead = []          # (seq, indices, remote units) in the epoch's order
         self.pos = 0             # the next batch handed out
         self.frontier = 0        # the batches before it are done
-        self.uses = {}           # unit -> deque of the batches not done that read it
-        self.ahead_bytes = 0     # bytes of the distinct units of those batches
+        self.schedule = NextUse(self.units.sizes)   # which batches not done read each unit
         self.exhausted = False
         self.scan = 0            # the first batch whose units may still need fetching
         self.closed = False
@@ -470,10 +242,6 @@ class Gate:
         self._stale = (0.0, [])  # (when listed, leftovers of other loaders)
         self._stuck_since = None # since when the next batch's unit finds no room
         self._touched = -TOUCH_SECONDS   # the first turn touches what is present
-        # Units of ours no batch not done reads (as far as seen): the first to
-        # evict.  With many small units (image files) they are nearly every
-        # victim, taken here without looking at every unit in the cache.
-        self._unused = collections.deque()
 
     def start(self):
         self.thread = threading.Thread(target=self._run, name="netcl-prefetch", daemon=True)
@@ -496,14 +264,8 @@ class Gate:
         got = 0
         for seq, indices in self.tasks:
             units = self.units.units_of(indices).tolist()
-            k = len(self.ahead)
+            self.schedule.read(len(self.ahead), units)
             self.ahead.append((seq, indices, units))
-            for u in units:
-                q = self.uses.get(u)
-                if q is None:
-                    q = self.uses[u] = collections.deque()
-                    self.ahead_bytes += max(0, int(self.units.sizes[u]))
-                q.append(k)
             got += 1
             if got >= n:
                 return True
@@ -517,23 +279,12 @@ class Gate:
             seq = self.ahead[self.frontier][0]
             if not (seq < p.prefix or seq in p.extra):
                 break
-            for u in self.ahead[self.frontier][2]:
-                q = self.uses[u]
-                while q and q[0] <= self.frontier:
-                    q.popleft()
-                if not q:
-                    del self.uses[u]
-                    self.ahead_bytes -= max(0, int(self.units.sizes[u]))
-                    self._unused.append(u)
+            self.schedule.done(self.frontier, self.ahead[self.frontier][2])
             self.frontier += 1
 
-    def next_use(self, v):
-        """The first batch not done that reads ``v`` (None: none, as far as seen)."""
-        q = self.uses.get(v)
-        return q[0] if q else None
-
     def in_flight_use(self, v):
-        nxt = self.next_use(v)
+        """Whether a batch handed out and not done reads ``v``."""
+        nxt = self.schedule.next_use(v)
         return nxt is not None and nxt < self.pos
 
     # -- the caller's side -------------------------------------------------------------
@@ -674,7 +425,7 @@ class Gate:
         while True:
             if k >= len(self.ahead):
                 # Look further only while what lies ahead fits the cache.
-                if self.ahead_bytes > self.units.cache.bound or not self._pull():
+                if self.schedule.bytes_ahead > self.units.cache.bound or not self._pull():
                     return None
                 continue
             complete = True
@@ -712,7 +463,7 @@ class Gate:
                 pf.finished += 1
                 pf.cond.notify_all()
                 continue
-            first = self.next_use(u)
+            first = self.schedule.next_use(u)
             first = self.pos if first is None else first
             part = self._make_room(u, len(data), first)
             if part is None:
@@ -751,35 +502,20 @@ class Gate:
                 continue
             pf.present.discard(victim)
             cache.evict(units.key(victim))
-            nxt = self.next_use(victim)
+            nxt = self.schedule.next_use(victim)
             if nxt is not None:
                 self.scan = min(self.scan, nxt)
 
     def _victim(self, first):
         """What to evict for a unit first needed at batch ``first``: the unit of ours
-        needed latest (after ``first``), not read by a batch in flight; else a
-        leftover of no live loader (a key); None when there is neither."""
+        the schedule gives (never one read by a batch in flight, of this gate or
+        another); else a leftover of no live loader (a key); None when there is
+        neither."""
         pf = self.pf
-        while self._unused:
-            v = self._unused.popleft()
-            # Still ours, still unused (a later batch may have come to read it).
-            if v in pf.present and v not in self.uses and not pf.pinned(v, but=self):
-                return v
-        best, best_use, unused = None, -1, []
-        for v in pf.present:
-            nxt = self.next_use(v)
-            if nxt is None:
-                if not pf.pinned(v, but=self):
-                    unused.append(v)   # never needed again: before any that is
-                continue
-            if nxt < self.pos or nxt <= first or nxt <= best_use or pf.pinned(v, but=self):
-                continue   # read by a batch in flight, or needed sooner
-            best, best_use = v, nxt
-        if unused:
-            self._unused.extend(unused[1:])   # the next victims, without a scan
-            return unused[0]
-        if best is not None:
-            return best
+        victim = self.schedule.victim(pf.present, first, self.pos,
+                                      lambda v: pf.pinned(v, but=self))
+        if victim is not None:
+            return victim
         now = time.monotonic()
         if now - self._stale[0] > 1.0:
             ours = {self.units.key(v) for v in pf.present}

@@ -7,9 +7,9 @@ import os
 import re
 from dataclasses import dataclass
 
-from ._loopthread import running_loop
-from ._retry import BadResponse, Retry, Truncated
-from ._urls import Secrets, missing_package_error, protocol_of, redact
+from .loop import running_loop
+from .retry import BadResponse, Retry, Truncated
+from .urls import Secrets, missing_package_error, protocol_of, redact
 
 __all__ = ["Store", "ObjectInfo", "Counters", "CHUNK_BYTES"]
 
@@ -67,7 +67,7 @@ class Store:
     spawned worker makes its own; a pickled Store carries its options, which
     may hold credentials, but never shows them: not in its repr, not in an
     error).  Filesystems' own retries are turned off so that every retry
-    goes through :class:`~._retry.Retry`, and their timeouts are the
+    goes through :class:`~.retry.Retry`, and their timeouts are the
     policy's.
     """
 
@@ -103,7 +103,7 @@ class Store:
     # -- the filesystem ----------------------------------------------------------
     @property
     def fs(self):
-        # Requests run on this package's loop (see _loopthread), running
+        # Requests run on this package's loop (see .loop), running
         # before any use of the filesystem.
         running_loop()
         if self._fs is None or self._pid != os.getpid():
@@ -333,7 +333,7 @@ class Store:
         Every answer is checked before a byte of it reaches ``sink``: a range
         must come back as a 206 whose Content-Range is the range asked, and no
         body may run past the bytes asked (the sink writes into a block of
-        exactly that size); anything else is a :class:`~._retry.BadResponse`,
+        exactly that size); anything else is a :class:`~.retry.BadResponse`,
         asked again."""
         got = [0]
 
