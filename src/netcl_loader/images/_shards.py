@@ -1,4 +1,4 @@
-"""Tar shards in object storage: their indexes (sidecar, the cache's copy, or one streaming pass) and the cache's bound for a window of them."""
+"""Tar shards in object storage: their indexes (sidecar, cache, or one streaming pass) and the cache's bound."""
 from __future__ import annotations
 
 import io

@@ -1,4 +1,4 @@
-"""Objects in a store as a dataset sees them: its store, listings, streaming reads, index sidecars, the cache's bound, files as units.
+"""What datasets build from a store: listings, streaming reads, index sidecars, the cache's bound, units.
 
 Scheme-generic: whatever the objects hold (tar shards, image files, token
 files), the datasets build their :class:`~.store.Store`, list and size
@@ -121,6 +121,7 @@ def infos_of(store, urls, with_sidecars):
 
 # --------------------------------------------------------------------------
 # Reading objects and their sidecars
+
 
 def strong_etag(etag):
     """The ETag requests may be made conditional on: a weak one (``W/...``) never
