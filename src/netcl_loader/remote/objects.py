@@ -73,50 +73,57 @@ def infos_of(store, urls, with_sidecars):
     URLs whose sidecar index is there.  Listings where the store has them (one
     request per folder), HEADs otherwise; a missing object or bucket is a
     FileNotFoundError naming it, refused credentials a PermissionError."""
-    listable = store.protocol not in ("http", "https")
+    if store.protocol in ("http", "https"):   # no listing: a HEAD per object
+        return store.sync(_headed, store, urls, with_sidecars)
+    return store.sync(_listed, store, urls)
 
-    async def run():
-        sem = asyncio.Semaphore(_CONCURRENT_LOOKUPS)
-        if listable:
-            parents = sorted({u.rsplit("/", 1)[0] for u in urls})
 
-            async def ls(parent):
-                async with sem:
-                    try:
-                        return await store.ls(parent)
-                    except (FileNotFoundError, PermissionError) as exc:
-                        # Named by the first shard in the folder: what the caller gave.
-                        first = next(u for u in urls if u.rsplit("/", 1)[0] == parent)
-                        raise type(exc)(exc.errno, f"{exc.strerror} (listing "
-                                                   f"{redact(parent)}/)", redact(first)) from None
-            found = {}
-            for listing in await asyncio.gather(*(ls(p) for p in parents)):
-                found.update(listing)
-            infos = []
-            for u in urls:
-                if u not in found:
-                    raise FileNotFoundError(errno.ENOENT, "no such object (not in the listing "
-                                                          "of its folder)", redact(u))
-                infos.append(found[u])
-            sidecars = {u for u in urls if u + SIDECAR_SUFFIX in found}
-            return infos, sidecars
+async def _listed(store, urls):
+    """:func:`infos_of` from the listing of each folder the URLs are in."""
+    sem = asyncio.Semaphore(_CONCURRENT_LOOKUPS)
 
-        async def head(u):
+    async def ls(parent):
+        async with sem:
+            try:
+                return await store.ls(parent)
+            except (FileNotFoundError, PermissionError) as exc:
+                # Named by the first shard in the folder: what the caller gave.
+                first = next(u for u in urls if u.rsplit("/", 1)[0] == parent)
+                raise type(exc)(exc.errno, f"{exc.strerror} (listing "
+                                           f"{redact(parent)}/)", redact(first)) from None
+    found = {}
+    parents = sorted({u.rsplit("/", 1)[0] for u in urls})
+    for listing in await asyncio.gather(*(ls(p) for p in parents)):
+        found.update(listing)
+    infos = []
+    for u in urls:
+        if u not in found:
+            raise FileNotFoundError(errno.ENOENT, "no such object (not in the listing "
+                                                  "of its folder)", redact(u))
+        infos.append(found[u])
+    sidecars = {u for u in urls if u + SIDECAR_SUFFIX in found}
+    return infos, sidecars
+
+
+async def _headed(store, urls, with_sidecars):
+    """:func:`infos_of` from a HEAD per object (and per sidecar, ``with_sidecars``)."""
+    sem = asyncio.Semaphore(_CONCURRENT_LOOKUPS)
+
+    async def head(u):
+        async with sem:
+            return await store.info(u)
+    infos = await asyncio.gather(*(head(u) for u in urls))
+    sidecars = set()
+    if with_sidecars:
+        async def probe(u):
             async with sem:
-                return await store.info(u)
-        infos = await asyncio.gather(*(head(u) for u in urls))
-        sidecars = set()
-        if with_sidecars:
-            async def probe(u):
-                async with sem:
-                    try:
-                        await store.info(u + SIDECAR_SUFFIX)
-                        return u
-                    except FileNotFoundError:
-                        return None
-            sidecars = {u for u in await asyncio.gather(*(probe(u) for u in urls)) if u}
-        return list(infos), sidecars
-    return store.sync(run)
+                try:
+                    await store.info(u + SIDECAR_SUFFIX)
+                    return u
+                except FileNotFoundError:
+                    return None
+        sidecars = {u for u in await asyncio.gather(*(probe(u) for u in urls)) if u}
+    return list(infos), sidecars
 
 
 # --------------------------------------------------------------------------
@@ -358,14 +365,7 @@ def list_folder(root, storage_options, retry, extensions, what, max_requests=Non
         found = store.sync(store.find, root)
     except (FileNotFoundError, PermissionError) as exc:
         raise type(exc)(exc.errno, exc.strerror, redact(root)) from None
-    folders = {}
-    for url, info in found.items():
-        rel = url[len(root):] if url.startswith(root) else None
-        if not rel or "/" not in rel or rel.endswith("/"):
-            continue
-        folder, name = rel.rsplit("/", 1)
-        folders.setdefault(folder.split("/", 1)[0], {}).setdefault(folder, []).append(
-            (name, info))
+    folders = _class_folders(root, found)
     classes = sorted(folders)
     if not classes:
         raise FileNotFoundError(errno.ENOENT, "Couldn't find any class folder (no object "
@@ -387,3 +387,18 @@ def list_folder(root, storage_options, retry, extensions, what, max_requests=Non
             f"Found no valid file for the classes {', '.join(sorted(empty))} in "
             f"{redact(root)}. Supported extensions are: {', '.join(extensions)}")
     return root, classes, names, np.concatenate(labels), infos, store
+
+
+def _class_folders(root, found):
+    """``{class: {folder: [(name, info)]}}`` of the objects ``found`` under ``root``
+    (a listing: URL -> info), each in the folder it is in, under the class
+    that is the folder's first part; objects right under ``root`` are in none."""
+    folders = {}
+    for url, info in found.items():
+        rel = url[len(root):] if url.startswith(root) else None
+        if not rel or "/" not in rel or rel.endswith("/"):
+            continue
+        folder, name = rel.rsplit("/", 1)
+        folders.setdefault(folder.split("/", 1)[0], {}).setdefault(folder, []).append(
+            (name, info))
+    return folders

@@ -222,8 +222,8 @@ class Gate:
     first needed, making room by evicting what is needed last; ``progress``
     (the epoch's record of done batches: every ``seq`` below ``prefix``, and
     those in ``extra``) says which batches are done, so that a unit read by
-    a batch still in flight is never evicted.  An error
-    fetching a unit is raised when a batch that needs it is asked for.
+    a batch still in flight is never evicted.  An error fetching a unit is
+    raised when a batch that needs it is asked for.
     """
 
     def __init__(self, pf, tasks, progress):
