@@ -5,8 +5,7 @@ import os
 import re
 
 __all__ = ["SCHEMES", "scheme_of", "is_remote", "local_path", "names_of", "expand_braces",
-           "expand_all",
-           "redact", "Secrets", "protocol_of", "missing_package_error", "unsigned"]
+           "expand_all", "redact", "Secrets", "protocol_of", "missing_package_error", "unsigned"]
 
 #: URL scheme -> (fsspec protocol, the pip package that provides it).  The
 #: HTTP filesystem is fsspec's own, built on aiohttp.
