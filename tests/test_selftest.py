@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from netcl_loader import selftest
-from netcl_loader._stats import CpuLimits, cpu_limits
+from netcl_loader._system import CpuLimits, cpu_limits
 
 CHECK_NAMES = [name for name, _, _ in selftest.CHECKS]
 LINE = re.compile(r"^(PASS|WARN|FAIL|SKIP)  (\S+) +(.*)$")

@@ -32,7 +32,8 @@ import types
 from dataclasses import asdict, dataclass, field
 
 from ._options import check_positive_int
-from ._stats import _plain, available_cpus
+from ._system import available_cpus
+from .stats.render import plain
 
 __all__ = ["tune", "TuneResult", "Trial", "main", "PREFETCH_FACTORS", "MIN_GAIN"]
 
@@ -129,7 +130,7 @@ class TuneResult:
 
     def as_dict(self):
         """Everything as a JSON-serialisable dict."""
-        return _plain(asdict(self))
+        return plain(asdict(self))
 
     def table(self):
         """The trials as a table, the chosen one marked, and the outcome."""
