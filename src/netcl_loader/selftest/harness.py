@@ -12,7 +12,7 @@ from dataclasses import asdict
 
 import numpy as np
 
-from ..stats.render import plain as _plain
+from ..stats.render import plain
 from .core import check_extensions, check_shared_memory
 from .images import check_images
 from .loader import check_batches, check_errors, check_pool_fork, check_pool_spawn
@@ -124,7 +124,7 @@ def _run_one(run, name, fn, remedy):
             except ImportError:
                 remedy = REMEDY_EXTENSION
     return CheckResult(name, status, figure, detail, remedy, time.perf_counter() - t0,
-                       _plain(figures))
+                       plain(figures))
 
 
 def _summary_of(exc):
