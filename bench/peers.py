@@ -631,7 +631,7 @@ def _fmt(x, digits=2):
 def sample_limits(scenario, seed):
     """The memcpy limits of ``scenario`` now: ``{"one": MemcpyLimit, "two":
     TwoProcessLimit}``, or None for a scenario without source arrays (aug)."""
-    from netcl_loader.selftest import memcpy_epoch_limit, memcpy_two_process_limit
+    from netcl_loader.limits import memcpy_epoch_limit, memcpy_two_process_limit
 
     if scenario.source is None:
         return None

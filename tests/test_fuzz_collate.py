@@ -26,7 +26,7 @@ import pytest
 from netcl_loader import DataLoader
 from netcl_loader._collate import collate
 from netcl_loader._ring import Segment
-from netcl_loader.shared_batch import COPY, LEND, VIEW, SlotWriter, decode
+from netcl_loader._layout import COPY, LEND, VIEW, SlotWriter, decode
 
 hypothesis = pytest.importorskip("hypothesis", reason="hypothesis is in the 'test' extra")
 from hypothesis import HealthCheck, given, settings  # noqa: E402

@@ -15,8 +15,12 @@ import textwrap
 import numpy as np
 import pytest
 
-from netcl_loader import selftest
-from netcl_loader._stats import CpuLimits, cpu_limits
+from netcl_loader import limits, selftest
+from netcl_loader.selftest import datasets
+from netcl_loader.selftest.images import check_images
+from netcl_loader.selftest.outcomes import _Run, _Skip
+from netcl_loader.selftest.throughput import _throughput_causes
+from netcl_loader._system import CpuLimits, cpu_limits
 
 CHECK_NAMES = [name for name, _, _ in selftest.CHECKS]
 LINE = re.compile(r"^(PASS|WARN|FAIL|SKIP)  (\S+) +(.*)$")
@@ -297,7 +301,7 @@ def test_device_choice_warns_once_per_unusable_device_and_skips_it(tmp_path):
 
 def test_a_dataset_that_raises_fails_the_checks_that_use_it(tmp_path):
     prelude = textwrap.dedent("""
-        import netcl_loader.selftest as st
+        import netcl_loader.selftest.datasets as st
         def broken(self, i):
             raise OSError(f"disk gone at {i}")
         st._NestedDataset.__getitem__ = broken
@@ -315,11 +319,11 @@ def test_a_dataset_that_raises_fails_the_checks_that_use_it(tmp_path):
 
 
 def test_spawned_workers_get_the_datasets_by_the_module_name():
-    # python -m runs the file as __main__; the datasets must not pickle as that.
-    for cls in (selftest._NestedDataset, selftest._FailingDataset, selftest._SlowDataset,
-                selftest.SelftestInjectedError):
-        assert cls.__module__ == "netcl_loader.selftest"
-    assert b"netcl_loader.selftest" in pickle.dumps(selftest._NestedDataset(3))
+    # python -m runs a file as __main__; the datasets must not pickle as that.
+    for cls in (datasets._NestedDataset, datasets._FailingDataset, datasets._SlowDataset,
+                datasets.SelftestInjectedError):
+        assert cls.__module__ == "netcl_loader.selftest.datasets"
+    assert b"netcl_loader.selftest.datasets" in pickle.dumps(datasets._NestedDataset(3))
 
 
 def test_bad_option_is_a_usage_error(tmp_path):
@@ -360,7 +364,7 @@ def test_throughput_causes_are_told_from_the_figures(case):
         case, CpuLimits(4, 4, None, 4))
     share = 0.3 if case == "contended" else 0.95
     shm = 1.0 if case == "shm" else 10.0
-    causes = selftest._throughput_causes(cpus, 2, share, shm, 10.0)
+    causes = _throughput_causes(cpus, 2, share, shm, 10.0)
     text = " | ".join(c + " -> " + r for c, r in causes)
     if case == "none":
         assert causes == []
@@ -392,7 +396,7 @@ def test_memcpy_epoch_limit_copies_every_row_of_shuffled_epochs_with_both_copies
     def visit(method, idx, views):
         seen.append((method, idx.copy(), [v.copy() for v in views]))
 
-    lim = selftest.memcpy_epoch_limit((x, y), batch, seed=3, runs=runs, visit=visit)
+    lim = limits.memcpy_epoch_limit((x, y), batch, seed=3, runs=runs, visit=visit)
     per_epoch = -(-len(x) // batch)
     assert len(seen) == 2 * (runs + 1) * per_epoch   # warm-up + runs, Python and C
     groups = [seen[k:k + per_epoch] for k in range(0, len(seen), per_epoch)]
@@ -415,18 +419,25 @@ def test_memcpy_epoch_limit_copies_every_row_of_shuffled_epochs_with_both_copies
     assert lim.gbps == max(lim.rows_gbps, lim.c_gbps) and lim.runs == runs
     assert lim.batches_per_s == pytest.approx(lim.gbps * 1e9 / (x.nbytes + y.nbytes)
                                               * per_epoch)
-    assert lim.consistent == (lim.rows_gbps <= (1 + selftest.MEMCPY_AGREE) * lim.c_gbps)
+    assert lim.consistent == (lim.rows_gbps <= (1 + limits.MEMCPY_AGREE) * lim.c_gbps)
 
 
 def test_memcpy_epoch_limit_without_the_c_loop_copies_in_python_only():
     x, y = _tiny_dataset()
     strided = x[:, :, ::2]   # not C-contiguous: one memcpy per row cannot copy it
     methods = set()
-    lim = selftest.memcpy_epoch_limit((strided, y), 8, runs=1,
+    lim = limits.memcpy_epoch_limit((strided, y), 8, runs=1,
                                       visit=lambda m, idx, views: methods.add(m))
     assert methods == {"python"}
     assert lim.c_gbps is None and lim.python_us_per_row is None
     assert lim.gbps == lim.rows_gbps > 0 and lim.consistent
+
+
+def test_the_memcpy_limits_are_named_in_the_selftest_too():
+    # They live in netcl_loader.limits; the selftest's public names keep them.
+    assert selftest.memcpy_epoch_limit is limits.memcpy_epoch_limit
+    assert selftest.memcpy_two_process_limit is limits.memcpy_two_process_limit
+    assert selftest.MemcpyLimit is limits.MemcpyLimit
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -437,14 +448,14 @@ def test_memcpy_epoch_limit_without_the_c_loop_copies_in_python_only():
 ])
 def test_memcpy_limits_name_a_bad_argument(kwargs, message):
     args = {"arrays": _tiny_dataset(), "batch_size": 8, "runs": 1, **kwargs}
-    for fn in (selftest.memcpy_epoch_limit, selftest.memcpy_two_process_limit):
+    for fn in (limits.memcpy_epoch_limit, limits.memcpy_two_process_limit):
         with pytest.raises(ValueError) as err:
             fn(**args)
         assert message in str(err.value)
     with pytest.raises(ValueError, match="processes=0"):
-        selftest.memcpy_two_process_limit(_tiny_dataset(), 8, processes=0)
+        limits.memcpy_two_process_limit(_tiny_dataset(), 8, processes=0)
     with pytest.raises(ValueError, match="method='memmove'"):
-        selftest.memcpy_two_process_limit(_tiny_dataset(), 8, method="memmove")
+        limits.memcpy_two_process_limit(_tiny_dataset(), 8, method="memmove")
 
 
 @pytest.mark.parametrize("method", ["c", "python"])
@@ -453,7 +464,7 @@ def test_two_process_limit_splits_the_epoch_between_two_forked_processes(method)
     import os
 
     x, y = _tiny_dataset(41)
-    lim = selftest.memcpy_two_process_limit((x, y), 4, seed=1, runs=2, method=method)
+    lim = limits.memcpy_two_process_limit((x, y), 4, seed=1, runs=2, method=method)
     assert lim.processes == 2 and lim.method == method and lim.runs == 2 and lim.repeat >= 1
     assert len(set(lim.pids)) == 2 and os.getpid() not in lim.pids
     # Disjoint shares of the epoch: batches dealt in turn, every row copied once.
@@ -471,18 +482,18 @@ def test_images_check_says_which_decoder_is_in_use(monkeypatch):
         compiled = True
     except ImportError:
         compiled = False
-    figure, detail, figures = selftest.check_images(selftest._Run(True, False))
+    figure, detail, figures = check_images(_Run(True, False))
     assert figures["compiled"] == compiled
     assert figure.startswith("libjpeg-turbo" if compiled else "Pillow fallback"), figure
     assert figures["mean_abs_levels"] <= 2.0
     # The documented switch forces the fallback, and the check says so.
     monkeypatch.setenv("NETCL_LOADER_IMAGE_DECODER", "pillow")
-    figure, detail, figures = selftest.check_images(selftest._Run(True, False))
+    figure, detail, figures = check_images(_Run(True, False))
     assert figure.startswith("Pillow fallback") and not figures["compiled"]
     assert "NETCL_LOADER_IMAGE_DECODER=pillow" in detail
 
 
 def test_images_check_skips_without_pillow(monkeypatch):
     monkeypatch.setitem(sys.modules, "PIL", None)
-    with pytest.raises(selftest._Skip, match="Pillow is not installed"):
-        selftest.check_images(selftest._Run(True, False))
+    with pytest.raises(_Skip, match="Pillow is not installed"):
+        check_images(_Run(True, False))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from netcl_loader import ArrayDataset, DataLoader, LoaderStats, WorkerError
-from netcl_loader._stats import judge
+from netcl_loader.stats import judge
 
 N = 50
 BATCH = 8
@@ -195,9 +195,9 @@ def test_uploads_are_counted(cl_queue):
 
 # -- stage times, per-worker figures, history, verdict (issue 13) ---------------
 
-from netcl_loader import _stats  # noqa: E402
-from netcl_loader._stats import (LOADER_BOUND_FRACTION, RECENT_BATCHES,  # noqa: E402
-                                 cpu_limits)
+from netcl_loader._system import cpu_limits  # noqa: E402
+from netcl_loader.stats import record  # noqa: E402
+from netcl_loader.stats.verdict import LOADER_BOUND_FRACTION, RECENT_BATCHES, STAGES  # noqa: E402
 
 #: Slack of a stage time against the sleep inside it: a sleep overshoots by
 #: the scheduler's wake-up latency, more so on a loaded machine.
@@ -382,7 +382,7 @@ def test_recent_batches_are_bounded_and_totals_are_exact():
     assert st["wait"].p95_seconds == pytest.approx(1e-4)
     assert sum(f.batches for f in s.workers.values()) == RECENT_BATCHES  # the recent ones
     assert (s.batches, s.samples) == (n, 2 * n)
-    assert len(s._raw) <= _stats._RAW_LIMIT
+    assert len(s._raw) <= record._RAW_LIMIT
 
 
 def test_uploads_are_timed_per_batch():
@@ -443,7 +443,7 @@ def test_as_dict_carries_the_new_figures_and_round_trips_through_json():
         d = loader.stats.as_dict()
     back = json.loads(json.dumps(d, allow_nan=False))
     assert back == d
-    assert set(d["stages"]) == set(_stats.STAGES)
+    assert set(d["stages"]) == set(STAGES)
     assert set(d["stages"]["fetch"]) == {"total_seconds", "median_seconds", "p95_seconds"}
     assert [w["worker"] for w in d["workers"]] == [0, 1]
     assert len(d["history"]) == 2 and d["history"][0]["batches"] == 7

@@ -10,7 +10,7 @@ import pytest
 
 import netcl_loader
 from netcl_loader import ArrayDataset
-from netcl_loader._stats import available_cpus
+from netcl_loader._system import available_cpus
 from netcl_loader.tune import Trial, TuneResult, tune
 
 #: Short trials: the answers below differ by 2x or more, which this sees.

@@ -34,7 +34,7 @@ from ._order import (STATE_VERSION, check_state, epoch_length, epoch_order, glob
 from .remote.loop import paused as stores_paused
 from ._pool import Pool, WorkerError
 from .remote.prefetch import Prefetcher
-from ._stats import LoaderStats
+from .stats import LoaderStats
 from ._worker import BatchMaker, dataset_state, is_stateful
 from ._output import Delivery
 

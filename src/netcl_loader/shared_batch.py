@@ -24,16 +24,13 @@ import time
 import numpy as np
 
 from ._deadline import Deadline
-# The slot layout, the output rule and the memory probe live in their own
-# modules; the names below are this module's public (and tested) face too.
-from ._layout import (ARRAY_ALIGN_BYTES, COPY, LEND, VIEW, SlotFull, SlotWriter,  # noqa: F401
-                      _align, decode)
+from ._layout import COPY, VIEW, SlotWriter, _align, decode
 from ._options import check_positive_int
-from ._output import OUTPUTS, OutputPool, convert_output  # noqa: F401
+# convert_output is this module's public face too (the spec's __all__ below).
+from ._output import convert_output
 from ._ring import (ASSIGNED, CANCELLED, FREE, GROW, PAGE_BYTES, PIPED, READY, RingHeader,
                     Segment, SharedMemoryError)
-from ._system import (MemoryRoom, _own_cgroups, available_memory_bytes,  # noqa: F401
-                      check_reservable, memory_limit)
+from ._system import check_reservable
 
 __all__ = ["SharedBatchRingBuffer", "SlotOverflowError", "SharedMemoryError", "convert_output"]
 

@@ -32,7 +32,8 @@ import types
 from dataclasses import asdict, dataclass, field
 
 from ._options import check_positive_int
-from ._stats import _plain, available_cpus
+from ._system import available_cpus
+from .stats.render import plain
 
 __all__ = ["tune", "TuneResult", "Trial", "main", "PREFETCH_FACTORS", "MIN_GAIN"]
 
@@ -129,7 +130,7 @@ class TuneResult:
 
     def as_dict(self):
         """Everything as a JSON-serialisable dict."""
-        return _plain(asdict(self))
+        return plain(asdict(self))
 
     def table(self):
         """The trials as a table, the chosen one marked, and the outcome."""
@@ -277,14 +278,37 @@ def tune(dataset, batch_size=32, *, max_workers=None, prefetch_factors=PREFETCH_
     >>> result = netcl_loader.tune(dataset, batch_size=64)     # doctest: +SKIP
     >>> loader = DataLoader(dataset, batch_size=64, **result.loader_kwargs())  # doctest: +SKIP
     """
+    cpus = available_cpus()
+    batch_size, max_workers, factors, max_batches, repeats = _checked_arguments(
+        batch_size, cpus if max_workers is None else max_workers, prefetch_factors,
+        max_batches, max_seconds, min_gain, repeats, step, loader_kwargs)
+
+    def trial(num_workers, prefetch):
+        # The fastest of `repeats` fresh loaders with this setting.
+        return max((_measure(dataset, batch_size, num_workers, prefetch, loader_kwargs,
+                             max_batches, max_seconds, step) for _ in range(repeats)),
+                   key=lambda t: t.batches_per_second)
+
+    trials, stopped_early, reason = _search(trial, max_workers, factors, min_gain, verbose)
+    fastest = max(t.batches_per_second for t in trials)
+    tied = [t for t in trials if t.batches_per_second >= (1 - TIE_SHARE) * fastest]
+    chosen = min(tied, key=lambda t: (t.num_workers, t.prefetch or 0))
+    result = TuneResult(chosen.num_workers, chosen.prefetch, chosen.batches_per_second,
+                        chosen.samples_per_second, trials, cpus, stopped_early, reason)
+    if verbose:
+        print(result.table(), flush=True)
+    return result
+
+
+def _checked_arguments(batch_size, max_workers, prefetch_factors, max_batches, max_seconds,
+                       min_gain, repeats, step, loader_kwargs):
+    """tune()'s arguments checked, each error naming the argument and its value:
+    ``(batch_size, max_workers, factors, max_batches, repeats)``."""
     for key in _TUNED:
         if key in loader_kwargs:
             raise TypeError(f"tune() chooses {key} itself; got {key}={loader_kwargs[key]!r} "
                             f"(pass max_workers= or prefetch_factors= to bound the search)")
     batch_size = check_positive_int("batch_size", batch_size)
-    cpus = available_cpus()
-    if max_workers is None:
-        max_workers = cpus
     max_workers = check_positive_int("max_workers", max_workers, minimum=0)
     factors = tuple(prefetch_factors)
     if not factors:
@@ -301,48 +325,46 @@ def tune(dataset, batch_size=32, *, max_workers=None, prefetch_factors=PREFETCH_
         raise ValueError(f"min_gain must be a number >= 0 (0.05: 5% faster), got {min_gain!r}")
     if step is not None and not callable(step):
         raise TypeError(f"step must be a callable taking a batch, got {step!r}")
+    return batch_size, max_workers, factors, max_batches, repeats
 
+
+def _search(trial, max_workers, factors, min_gain, verbose):
+    """Run ``trial(num_workers, prefetch)`` for num_workers 0, 1, ... and each prefetch
+    ``factor * num_workers``, until a worker more gains less than ``min_gain``:
+    ``(trials, stopped_early, reason)``."""
     plan = [(w, None if w == 0 else sorted({f * w for f in factors}))
             for w in range(max_workers + 1)]
     total = sum(1 if p is None else len(p) for _, p in plan)
     trials = []
     best_before = 0.0
-    stopped_early = False
-    reason = f"tried num_workers 0 to {max_workers}"
     k = 0
     for w, prefetches in plan:
         best_here = 0.0
         for p in prefetches or [None]:
             k += 1
-            t = max((_measure(dataset, batch_size, w, p, loader_kwargs, max_batches,
-                              max_seconds, step) for _ in range(repeats)),
-                    key=lambda t: t.batches_per_second)
+            t = trial(w, p)
             trials.append(t)
             best_here = max(best_here, t.batches_per_second)
             if verbose:
-                pf = "-" if p is None else p
-                print(f"[{k}/{total}] num_workers={w} prefetch={pf}: "
-                      f"{_fmt_rate(t.batches_per_second)} batches/s "
-                      f"({_fmt_rate(t.samples_per_second)} samples/s), wait "
-                      f"{_pct(t.wait_fraction)}, workers busy {_pct(t.worker_busy_fraction)}",
-                      file=sys.stderr, flush=True)
+                _progress(k, total, t)
         # In-process to one worker changes the mechanism, not the parallelism:
         # judge the gain of a worker more from two workers on.
         if w >= 2 and best_here < (1 + min_gain) * best_before and w < max_workers:
-            stopped_early = True
-            reason = (f"stopped after num_workers={w}: {_fmt_rate(best_here)} batches/s, "
-                      f"less than {100 * min_gain:.0f}% above the best before "
-                      f"({_fmt_rate(best_before)})")
-            break
+            return trials, True, (f"stopped after num_workers={w}: {_fmt_rate(best_here)} "
+                                  f"batches/s, less than {100 * min_gain:.0f}% above the best "
+                                  f"before ({_fmt_rate(best_before)})")
         best_before = max(best_before, best_here)
-    fastest = max(t.batches_per_second for t in trials)
-    tied = [t for t in trials if t.batches_per_second >= (1 - TIE_SHARE) * fastest]
-    chosen = min(tied, key=lambda t: (t.num_workers, t.prefetch or 0))
-    result = TuneResult(chosen.num_workers, chosen.prefetch, chosen.batches_per_second,
-                        chosen.samples_per_second, trials, cpus, stopped_early, reason)
-    if verbose:
-        print(result.table(), flush=True)
-    return result
+    return trials, False, f"tried num_workers 0 to {max_workers}"
+
+
+def _progress(k, total, t):
+    """The progress line of trial ``k`` of ``total`` (stderr)."""
+    pf = "-" if t.prefetch is None else t.prefetch
+    print(f"[{k}/{total}] num_workers={t.num_workers} prefetch={pf}: "
+          f"{_fmt_rate(t.batches_per_second)} batches/s "
+          f"({_fmt_rate(t.samples_per_second)} samples/s), wait "
+          f"{_pct(t.wait_fraction)}, workers busy {_pct(t.worker_busy_fraction)}",
+          file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------

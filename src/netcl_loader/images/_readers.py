@@ -84,83 +84,102 @@ def parse_wider(gt_file):
     i = 0
     last = None   # (the previous image, its count line's number, its count)
     while i < end:
-        name = lines[i].strip()
-        if not name:
-            raise _wider_error(gt_file, i + 1, "expected an image path, got a blank line")
-        if last is not None and _is_face_line(name):
-            # More face lines than the count announced: the count is wrong,
-            # not this line (which would be taken for an image's path).
-            raise _wider_error(gt_file, last[1],
-                               f"the count line of {last[0]!r} announces {last[2]} faces, but "
-                               f"more face lines follow (line {i + 1}: {name!r}); expected "
-                               f"the count to match its face lines")
-        if i + 1 >= end:
-            raise _wider_error(gt_file, i + 1, f"the file ends after the path {name!r}: "
-                               "expected a line with its number of faces")
-        count_text = lines[i + 1].strip()
-        try:
-            count = int(count_text)
-        except ValueError:
-            count = -1
-        if count < 0:
-            raise _wider_error(gt_file, i + 2, f"expected the number of faces of {name!r} (an "
-                               f"integer >= 0), got {count_text!r}")
+        name, count = _wider_entry_head(gt_file, lines, i, end, last)
         # A zero-face image still has one (all-zero) face line.
         rows = max(count, 1)
-        first = i + 2
-        if first + rows > end:
-            raise _wider_error(gt_file, i + 2,
-                               f"the file ends inside the entry of {name!r}: this line "
-                               f"announces {count} faces ({rows} face lines), "
-                               f"{end - first} follow")
-        values = np.empty((rows, _WIDER_FIELDS), dtype=np.int64)
-        for k in range(rows):
-            text = lines[first + k]
-            fields = text.split()
-            try:
-                if len(fields) != _WIDER_FIELDS:
-                    raise ValueError
-                values[k] = [int(v) for v in fields]
-            except ValueError:
-                if count > 0 and _looks_like_path(text):
-                    # Fewer face lines than the count announced: the next
-                    # image's path came where a face was expected.
-                    raise _wider_error(
-                        gt_file, i + 2,
-                        f"the count line of {name!r} announces {count} faces, but only {k} "
-                        f"face lines follow before the path {text.strip()!r} (line "
-                        f"{first + k + 1}); expected the count to match its face "
-                        f"lines") from None
-                raise _wider_error(
-                    gt_file, first + k + 1,
-                    f"expected a face of {name!r} as {_WIDER_FIELDS} integers "
-                    f"'x y w h {' '.join(WIDER_ATTRIBUTES)}', got {text.strip()!r}") from None
-        if count == 0:
-            if values.any():
-                raise _wider_error(gt_file, first + 1,
-                                   f"{name!r} has 0 faces: its one face line must be all "
-                                   f"zeros, got {lines[first].strip()!r}")
-            values = values[:0]
-        bad = np.flatnonzero((values[:, 2] < 0) | (values[:, 3] < 0))
-        if bad.size:
-            k = int(bad[0])
-            raise _wider_error(gt_file, first + k + 1,
-                               f"face of {name!r} has a negative width or height "
-                               f"(w={values[k, 2]}, h={values[k, 3]})")
-        bad = np.flatnonzero((values[:, 4 + _INVALID] != 0) & (values[:, 4 + _INVALID] != 1))
-        if bad.size:
-            k = int(bad[0])
-            raise _wider_error(gt_file, first + k + 1,
-                               f"face of {name!r} has invalid={values[k, 4 + _INVALID]}; "
-                               "expected 0 or 1")
-        keep = (values[:, 4 + _INVALID] == 0) & (values[:, 2] > 0) & (values[:, 3] > 0)
-        values = values[keep]
+        values = _wider_face_rows(gt_file, lines, i, end, name, count, rows)
+        values = _wider_kept_faces(gt_file, lines, i + 2, name, count, values)
         names.append(name)
         boxes.append(values[:, :4].astype(np.float32))
         attrs.append(values[:, 4:].astype(np.int8))
         last = (name, i + 2, count)
-        i = first + rows
+        i = i + 2 + rows
     return names, boxes, attrs
+
+
+def _wider_entry_head(gt_file, lines, i, end, last):
+    """``(path, face count)`` of the entry starting at line index ``i``; ``last``: the
+    previous entry's ``(path, count line number, count)``, or None."""
+    name = lines[i].strip()
+    if not name:
+        raise _wider_error(gt_file, i + 1, "expected an image path, got a blank line")
+    if last is not None and _is_face_line(name):
+        # More face lines than the count announced: the count is wrong,
+        # not this line (which would be taken for an image's path).
+        raise _wider_error(gt_file, last[1],
+                           f"the count line of {last[0]!r} announces {last[2]} faces, but "
+                           f"more face lines follow (line {i + 1}: {name!r}); expected "
+                           f"the count to match its face lines")
+    if i + 1 >= end:
+        raise _wider_error(gt_file, i + 1, f"the file ends after the path {name!r}: "
+                           "expected a line with its number of faces")
+    count_text = lines[i + 1].strip()
+    try:
+        count = int(count_text)
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise _wider_error(gt_file, i + 2, f"expected the number of faces of {name!r} (an "
+                           f"integer >= 0), got {count_text!r}")
+    return name, count
+
+
+def _wider_face_rows(gt_file, lines, i, end, name, count, rows):
+    """The ``rows`` face lines of the entry at line index ``i`` as int64 ``(rows, 10)``."""
+    first = i + 2
+    if first + rows > end:
+        raise _wider_error(gt_file, i + 2,
+                           f"the file ends inside the entry of {name!r}: this line "
+                           f"announces {count} faces ({rows} face lines), "
+                           f"{end - first} follow")
+    values = np.empty((rows, _WIDER_FIELDS), dtype=np.int64)
+    for k in range(rows):
+        text = lines[first + k]
+        fields = text.split()
+        try:
+            if len(fields) != _WIDER_FIELDS:
+                raise ValueError
+            values[k] = [int(v) for v in fields]
+        except ValueError:
+            if count > 0 and _looks_like_path(text):
+                # Fewer face lines than the count announced: the next
+                # image's path came where a face was expected.
+                raise _wider_error(
+                    gt_file, i + 2,
+                    f"the count line of {name!r} announces {count} faces, but only {k} "
+                    f"face lines follow before the path {text.strip()!r} (line "
+                    f"{first + k + 1}); expected the count to match its face "
+                    f"lines") from None
+            raise _wider_error(
+                gt_file, first + k + 1,
+                f"expected a face of {name!r} as {_WIDER_FIELDS} integers "
+                f"'x y w h {' '.join(WIDER_ATTRIBUTES)}', got {text.strip()!r}") from None
+    return values
+
+
+def _wider_kept_faces(gt_file, lines, first, name, count, values):
+    """The faces of ``values`` (face lines from line index ``first``) checked, without
+    those marked invalid or of zero width or height."""
+    if count == 0:
+        if values.any():
+            raise _wider_error(gt_file, first + 1,
+                               f"{name!r} has 0 faces: its one face line must be all "
+                               f"zeros, got {lines[first].strip()!r}")
+        values = values[:0]
+    bad = np.flatnonzero((values[:, 2] < 0) | (values[:, 3] < 0))
+    if bad.size:
+        k = int(bad[0])
+        raise _wider_error(gt_file, first + k + 1,
+                           f"face of {name!r} has a negative width or height "
+                           f"(w={values[k, 2]}, h={values[k, 3]})")
+    bad = np.flatnonzero((values[:, 4 + _INVALID] != 0) & (values[:, 4 + _INVALID] != 1))
+    if bad.size:
+        k = int(bad[0])
+        raise _wider_error(gt_file, first + k + 1,
+                           f"face of {name!r} has invalid={values[k, 4 + _INVALID]}; "
+                           "expected 0 or 1")
+    keep = (values[:, 4 + _INVALID] == 0) & (values[:, 2] > 0) & (values[:, 3] > 0)
+    return values[keep]
 
 
 def _is_face_line(text):
@@ -293,15 +312,7 @@ def parse_coco(ann_file):
         category, a ``bbox`` that is not four finite numbers or has a
         negative width or height, ``iscrowd`` other than 0 or 1.
     """
-    try:
-        with open(ann_file, "rb") as f:
-            data = json.load(f)
-    except json.JSONDecodeError as exc:
-        raise _coco_error(ann_file, f"line {exc.lineno}, column {exc.colno}",
-                          f"not valid JSON ({exc.msg})") from None
-    if not isinstance(data, dict):
-        raise _coco_error(ann_file, "top level", "expected a JSON object with 'images', "
-                          f"'annotations' and 'categories', got a {type(data).__name__}")
+    data = _read_coco_json(ann_file)
 
     def listed(key, required):
         if key not in data:
@@ -316,7 +327,34 @@ def parse_coco(ann_file):
     images = listed("images", True)
     annotations = listed("annotations", False)
     categories = listed("categories", bool(annotations))
+    classes = _coco_classes(categories, ann_file)
+    ids, file_names, row_of = _coco_images(images, ann_file)
+    per_image = [[] for _ in images]
+    for k, ann in enumerate(annotations):
+        box = _coco_annotation(ann, f"annotations[{k}]", ann_file, row_of, file_names, classes)
+        if box is not None:
+            row, entry = box
+            per_image[row].append(entry)
+    return _coco_in_id_order(ids, file_names, per_image, classes)
 
+
+def _read_coco_json(ann_file):
+    """The JSON object of ``ann_file``; ValueError naming the file and the line where it
+    is not JSON or not an object."""
+    try:
+        with open(ann_file, "rb") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as exc:
+        raise _coco_error(ann_file, f"line {exc.lineno}, column {exc.colno}",
+                          f"not valid JSON ({exc.msg})") from None
+    if not isinstance(data, dict):
+        raise _coco_error(ann_file, "top level", "expected a JSON object with 'images', "
+                          f"'annotations' and 'categories', got a {type(data).__name__}")
+    return data
+
+
+def _coco_classes(categories, ann_file):
+    """``{category id: name}`` of COCO's ``categories``, each entry checked."""
     classes = {}
     for k, cat in enumerate(categories):
         where = f"categories[{k}]"
@@ -331,7 +369,12 @@ def parse_coco(ann_file):
             raise _coco_error(ann_file, where, f"category {cid}: expected a string 'name', "
                               f"got {_short(name)}")
         classes[cid] = name
+    return classes
 
+
+def _coco_images(images, ann_file):
+    """``(ids, file_names, row_of)`` of COCO's ``images`` in file order; ``row_of`` maps
+    an image id to its index there."""
     ids, file_names, row_of = [], [], {}
     for k, img in enumerate(images):
         where = f"images[{k}]"
@@ -349,48 +392,52 @@ def parse_coco(ann_file):
         row_of[iid] = k
         ids.append(iid)
         file_names.append(fn)
+    return ids, file_names, row_of
 
-    per_image = [[] for _ in images]
-    for k, ann in enumerate(annotations):
-        where = f"annotations[{k}]"
-        if not isinstance(ann, dict):
-            raise _coco_error(ann_file, where, f"expected an object, got {_short(ann)}")
-        if "id" in ann:
-            where += f" (id {ann['id']!r})"
-        iid = ann.get("image_id")
-        if not _is_int(iid) or int(iid) not in row_of:
-            raise _coco_error(ann_file, where, f"image_id {_short(iid)} is not the id of an "
-                              "entry of 'images'")
-        row = row_of[int(iid)]
-        image = f"image {int(iid)} ({file_names[row]!r})"
-        bbox = ann.get("bbox")
-        if bbox is None and "segmentation" in ann:
-            # No bbox, a segmentation: its box is the segmentation's extent,
-            # as COCO's own bbox is (pycocotools' toBbox: a polygon's extent,
-            # a mask's tight box); an empty mask has no box and is left out.
-            bbox = _segmentation_box(ann["segmentation"], ann_file, f"{where}.segmentation",
-                                     image)
-            if bbox is None:
-                continue
-        ok = (isinstance(bbox, (list, tuple)) and len(bbox) == 4
-              and all(isinstance(v, numbers.Real) and not isinstance(v, bool)
-                      and math.isfinite(v) for v in bbox))
-        if not ok:
-            raise _coco_error(ann_file, f"{where}.bbox", f"{image}: expected 4 finite numbers "
-                              f"[x, y, width, height], got {_short(bbox)}")
-        if bbox[2] < 0 or bbox[3] < 0:
-            raise _coco_error(ann_file, f"{where}.bbox", f"{image}: negative width or height "
-                              f"in {list(bbox)!r} ([x, y, width, height])")
-        cid = ann.get("category_id")
-        if not _is_int(cid) or int(cid) not in classes:
-            raise _coco_error(ann_file, f"{where}.category_id", f"{image}: {_short(cid)} is "
-                              "not the id of an entry of 'categories'")
-        crowd = ann.get("iscrowd", 0)
-        if not (_is_int(crowd) or isinstance(crowd, bool)) or int(crowd) not in (0, 1):
-            raise _coco_error(ann_file, f"{where}.iscrowd", f"{image}: expected 0 or 1, got "
-                              f"{_short(crowd)}")
-        per_image[row].append((bbox, int(cid), bool(crowd)))
 
+def _coco_annotation(ann, where, ann_file, row_of, file_names, classes):
+    """One entry of COCO's ``annotations`` checked: ``(image row, (bbox, category id,
+    crowd))``, or None for a segmentation without a bbox whose mask is empty."""
+    if not isinstance(ann, dict):
+        raise _coco_error(ann_file, where, f"expected an object, got {_short(ann)}")
+    if "id" in ann:
+        where += f" (id {ann['id']!r})"
+    iid = ann.get("image_id")
+    if not _is_int(iid) or int(iid) not in row_of:
+        raise _coco_error(ann_file, where, f"image_id {_short(iid)} is not the id of an "
+                          "entry of 'images'")
+    row = row_of[int(iid)]
+    image = f"image {int(iid)} ({file_names[row]!r})"
+    bbox = ann.get("bbox")
+    if bbox is None and "segmentation" in ann:
+        # No bbox, a segmentation: its box is the segmentation's extent,
+        # as COCO's own bbox is (pycocotools' toBbox: a polygon's extent,
+        # a mask's tight box); an empty mask has no box and is left out.
+        bbox = _segmentation_box(ann["segmentation"], ann_file, f"{where}.segmentation", image)
+        if bbox is None:
+            return None
+    ok = (isinstance(bbox, (list, tuple)) and len(bbox) == 4
+          and all(isinstance(v, numbers.Real) and not isinstance(v, bool)
+                  and math.isfinite(v) for v in bbox))
+    if not ok:
+        raise _coco_error(ann_file, f"{where}.bbox", f"{image}: expected 4 finite numbers "
+                          f"[x, y, width, height], got {_short(bbox)}")
+    if bbox[2] < 0 or bbox[3] < 0:
+        raise _coco_error(ann_file, f"{where}.bbox", f"{image}: negative width or height "
+                          f"in {list(bbox)!r} ([x, y, width, height])")
+    cid = ann.get("category_id")
+    if not _is_int(cid) or int(cid) not in classes:
+        raise _coco_error(ann_file, f"{where}.category_id", f"{image}: {_short(cid)} is "
+                          "not the id of an entry of 'categories'")
+    crowd = ann.get("iscrowd", 0)
+    if not (_is_int(crowd) or isinstance(crowd, bool)) or int(crowd) not in (0, 1):
+        raise _coco_error(ann_file, f"{where}.iscrowd", f"{image}: expected 0 or 1, got "
+                          f"{_short(crowd)}")
+    return row, (bbox, int(cid), bool(crowd))
+
+
+def _coco_in_id_order(ids, file_names, per_image, classes):
+    """parse_coco's result: the images in increasing id order, each with its arrays."""
     # torchvision's CocoDetection walks the images in sorted id order.
     order = sorted(range(len(ids)), key=ids.__getitem__)
     out_boxes, out_labels, out_crowd = [], [], []
