@@ -14,7 +14,8 @@ from ._order import Progress, numbered
 from ._protocol import BATCH, END, ERROR, ERROR_END, rebuild_error, start_seq
 from ._ring import GROW, PIPED, READY
 from ._tree import batch_len, read_only
-from ._worker import RngStates, StreamEnd
+from ._batches import StreamEnd
+from ._seeding import RngStates
 from ._deadline import Deadline
 from ._layout import COPY, LEND, VIEW, decode
 

@@ -9,16 +9,15 @@ import threading
 import time
 import weakref
 
-import numpy as np
-
 from ._errors import LoaderTimeout
 from ._protocol import (ENTRY_LOAD_STATE, ENTRY_NO_ROOM, ENTRY_PIPED_TASK, ENTRY_REMAP,
                         ENTRY_STOP, ENTRY_TASK, FLAG_PICKLED_INDICES, KIND_LOAD_STATE, KIND_REMAP,
                         KIND_TASK, STATE, TASK_HEADER, send_fd)
-from ._worker import (BOOT_IMPORTED, BOOT_NONE, BOOT_RECORD, BootReport, Lifeline,
-                      WorkerConfig, task_indices, worker_loop)
+from ._batches import task_indices
+from ._lifeline import BOOT_IMPORTED, BOOT_NONE, BOOT_RECORD, BootReport, Lifeline
+from ._worker import WorkerConfig, worker_loop
 from ._deadline import Deadline
-from ._slots import LEASE_NEXT_CALL, LEASE_REFS, LEASE_UPLOAD, NO_ITERATION, Slots
+from ._slots import NO_ITERATION, Slots
 from .shared_batch import SharedBatchRingBuffer
 
 __all__ = ["Pool", "WorkerError"]
@@ -285,11 +284,6 @@ class Pool:
             slots.drop(slot)
             raise
         slots.need = size
-
-    @property
-    def leases(self):
-        """slot -> (LEASE_*, value) of every slot handed to the caller without a copy."""
-        return self.slots.leases
 
     def push(self, wid, entry, wake=True):
         """Queue an entry for worker ``wid`` (a store; a wake only if it sleeps and ``wake``)."""

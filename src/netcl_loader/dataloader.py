@@ -28,14 +28,14 @@ import weakref
 from ._epoch import EpochIterator
 from ._errors import LoaderTimeout
 from ._options import (BATCH_SIZE, DROP_LAST, PUBLIC_ATTRIBUTES, SHUFFLE, Unset,
-                       check_flag, check_options, is_iterable_dataset, resolve_context)  # noqa: F401
+                       check_flag, check_options)
 from ._order import (STATE_VERSION, check_state, epoch_length, epoch_order, global_order, group,
                      index_batches, length_or_none, local_order, num_batches, shard_length)
 from ._loopthread import paused as stores_paused
 from ._pool import Pool, WorkerError
 from ._prefetch import Prefetcher
 from ._stats import LoaderStats
-from ._worker import BatchMaker, dataset_state, is_stateful
+from ._batches import BatchMaker, dataset_state, is_stateful
 from ._output import Delivery
 
 __all__ = ["DataLoader", "WorkerError", "LoaderStats", "LoaderTimeout"]
@@ -226,8 +226,6 @@ class DataLoader:
                           DeprecationWarning, stacklevel=2)
 
     # ------------------------------------------------------------------
-    _resolve_context = staticmethod(resolve_context)
-
     output = _delivery_attribute("output")
     zero_copy = _delivery_attribute("zero_copy")
     pin_memory = _delivery_attribute("pin_memory")
