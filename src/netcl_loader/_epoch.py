@@ -101,7 +101,7 @@ class EpochIterator:
         self.gate = None if self.iterable else loader._gate(self._tasks, self.progress)
         if self.gate is not None:
             self._tasks = self.gate
-        self.token = loader._new_token()
+        self.token = loader._position.new_token()
         if self.pool is not None:
             self.slots.begin(self.token)
             self.pool.reap()
@@ -609,7 +609,7 @@ class EpochIterator:
                 pass
             # Slots still in flight belong to an old token now and are reaped
             # by the next iteration; tell workers to skip their tasks.
-            self.slots.begin(self.loader._new_token())
+            self.slots.begin(self.loader._position.new_token())
         self.pending = {}
         self._failed = {}
 

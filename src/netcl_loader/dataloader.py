@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import inspect
 import numbers
-import pickle
 import time
 import warnings
 import weakref
@@ -29,13 +28,14 @@ from ._epoch import EpochIterator
 from ._errors import LoaderTimeout
 from ._options import (BATCH_SIZE, DROP_LAST, PUBLIC_ATTRIBUTES, SHUFFLE, Unset,
                        check_flag, check_options)
-from ._order import (STATE_VERSION, check_state, epoch_length, epoch_order, global_order, group,
-                     index_batches, length_or_none, local_order, num_batches, shard_length)
+from ._position import Position, StateShape
+from ._order import (epoch_length, epoch_order, global_order, group, index_batches,
+                     length_or_none, local_order, num_batches)
 from ._loopthread import paused as stores_paused
 from ._pool import Pool, WorkerError
 from ._prefetch import Prefetcher
 from ._stats import LoaderStats
-from ._batches import BatchMaker, dataset_state, is_stateful
+from ._batches import BatchMaker, is_stateful
 from ._output import Delivery
 
 __all__ = ["DataLoader", "WorkerError", "LoaderStats", "LoaderTimeout"]
@@ -48,6 +48,16 @@ def _delivery_attribute(name):
 
     def put(self, value):
         setattr(self._delivery, name, value)
+    return property(get, put)
+
+
+def _position_attribute(name):
+    """A loader attribute that is its :class:`Position`'s ``name``."""
+    def get(self):
+        return getattr(self._position, name)
+
+    def put(self, value):
+        setattr(self._position, name, value)
     return property(get, put)
 
 
@@ -190,25 +200,10 @@ class DataLoader:
         self._stats.prefetch = opts.prefetch
         self._pool = None
         self._pool_dataset = None
-        self._pools_started = 0
-        # The seed generation of the next pool: each pool's workers seed from
-        # (seed, generation), as PyTorch draws new worker seeds for each pool;
-        # part of a state, so that a resumed run's pools seed as the original's.
-        self._generation = 0
-        self._next_epoch = 0
-        self._epoch_from_caller = False  # set_epoch()/load_state_dict() was called: forward it
-        self._resume = None          # (epoch, done_prefix, extra_done) for the next iteration
-        self._stopped = None         # where an iteration left before its end stopped (state_dict)
-        # A Stateful dataset's states (pickled, one per worker) that go with
-        # _resume (to be loaded) and with _stopped (where it stood).
-        self._resume_dataset = None
-        self._stopped_dataset = None
+        # The next epoch, a state to resume, where an iteration stopped, the
+        # running iteration and the next pool's seed generation.
+        self._position = Position()
         self._prestarted = None      # (iterator, config) of the next epoch, started early
-        # (epoch, position): that epoch goes on over the global order from this
-        # position, shared out anew (a state saved under another world_size).
-        self._order_start = None
-        self._active = None          # weakref to the running iterator
-        self._token = 0
         self._prefetcher = None      # fetches remote data ahead (made at the first epoch)
         self._closed = False
 
@@ -230,6 +225,17 @@ class DataLoader:
     zero_copy = _delivery_attribute("zero_copy")
     pin_memory = _delivery_attribute("pin_memory")
     _uploader = _delivery_attribute("uploader")  # the bound queue's (None: none bound)
+
+    # The position's parts under the names the PyTorch face reads and sets
+    # (torch.py); the loader itself goes through self._position.
+    _next_epoch = _position_attribute("next_epoch")
+    _epoch_from_caller = _position_attribute("epoch_from_caller")
+    _resume = _position_attribute("resume")
+    _stopped = _position_attribute("stopped")
+    _resume_dataset = _position_attribute("resume_dataset")
+    _stopped_dataset = _position_attribute("stopped_dataset")
+    _generation = _position_attribute("generation")
+    _active = _position_attribute("active")
 
     @property
     def multiprocessing_context(self):
@@ -253,7 +259,7 @@ class DataLoader:
             if not self._batched:
                 return ([i] for i in self.sampler)
             return group(iter(self.sampler), self.batch_size, self.drop_last)
-        start = self._start_of(epoch)
+        start = self._position.start_of(epoch)
         if start:
             # The rest of the epoch's global order, from where all the ranks of
             # a state saved under another world_size had come together.
@@ -263,12 +269,6 @@ class DataLoader:
             order = epoch_order(self.dataset, len(self.dataset), self.seed, epoch, self.shuffle,
                                 self.rank, self.world_size, self.drop_last)
         return iter(index_batches(order, self.batch_size, self.drop_last))
-
-    def _start_of(self, epoch):
-        """Where ``epoch`` starts in its global order (0 but after a resharded resume)."""
-        if self._order_start is not None and self._order_start[0] == epoch:
-            return self._order_start[1]
-        return 0
 
     def _reshardable(self):
         """Whether a state saved under another world_size can be resumed: the built-in
@@ -293,7 +293,7 @@ class DataLoader:
         # Only once the caller has said which epoch it is (set_epoch or a
         # loaded state): otherwise a sampler's epoch is the caller's business,
         # as in PyTorch, and a set_epoch(k) it made itself must hold.
-        if not self._epoch_from_caller:
+        if not self._position.epoch_from_caller:
             return
         set_epoch = getattr(sampler, "set_epoch", None)
         if callable(set_epoch):
@@ -326,13 +326,7 @@ class DataLoader:
         """
         if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
-        self._next_epoch = int(epoch)
-        self._epoch_from_caller = True
-        if self._resume is not None and self._resume[0] != epoch:
-            self._resume = self._resume_dataset = None
-        if self._resume is None:
-            self._order_start = None  # the epoch runs whole
-        self._stopped = self._stopped_dataset = None
+        self._position.set_epoch(epoch)
 
     # -- resume --------------------------------------------------------------
     def state_dict(self):
@@ -351,69 +345,25 @@ class DataLoader:
         worker (with ``num_workers=0``, the dataset's state now).  The state is
         JSON-serialisable where the dataset's own state is.
         """
-        it = self._active() if self._active is not None else None
-        datasets = None
-        if self._resume is not None:
-            # A loaded state wins over an old iterator still alive: it is
-            # where the next iteration starts.
-            epoch, prefix, extra = self._resume
-            extra = sorted(extra)
-            datasets = self._resume_dataset
-        elif it is not None and not it.finished:
-            epoch, prefix, extra = it.epoch, it.done_prefix, sorted(it.done_extra)
-            if it.dataset_states is not None:
-                datasets = it.dataset_states.snapshot(it.pending)
-        elif self._stopped is not None:
-            epoch, prefix, extra = self._stopped
-            extra = sorted(extra)
-            datasets = self._stopped_dataset
-        else:
-            epoch, prefix, extra = self._next_epoch, 0, []
-            if self._pool is not None and self._pool.alive and self._pool.stateful:
-                datasets = self._pool.dataset_states  # where its workers stand
-        state = {"version": STATE_VERSION, "epoch": int(epoch), "batches_done": int(prefix),
-                 "extra_done": [int(x) for x in extra], **self._state_config(),
-                 "worker_generation": self._state_generation(it)}
-        if self._reshardable():
-            # How much of the epoch's global order all ranks together consumed
-            # (they move in step): what a loader with another world_size goes
-            # on from.
-            start = self._start_of(epoch)
-            state["order_start"] = int(start)
-            state["samples_done"] = int(start + prefix * self.batch_size * self.world_size)
-        if self._keeps_dataset_state():
-            if self.num_workers == 0 and datasets is None:
-                datasets = [dataset_state(self.dataset)]
-            if datasets is None:
-                datasets = [None] * self.num_workers  # workers not started: their first state
-            state["dataset_state"] = {
-                "num_workers": self.num_workers,
-                "workers": [None if s is None else pickle.loads(s) for s in datasets]}
-        # A dataset whose order is made from more than its length (a text
-        # Mixture: its weights by position) saves that too, to be given back
-        # at load (_netcl_load_state_dict).
-        own = getattr(self.dataset, "_netcl_state_dict", None)
-        if callable(own) and not self.iterable:
-            state["dataset_order"] = own()
-        return state
+        return self._position.state_dict(self._state_shape(), self._live_pool())
 
-    def _state_generation(self, it):
-        """The seed generation of the pool the state's iteration runs on (for a state
-        at the next epoch: the pool that epoch will run on)."""
-        pool = self._pool if self._pool is not None and self._pool.alive else None
-        if self._resume is None and it is not None and not it.finished and it.pool is not None:
-            return it.pool.generation
-        if pool is not None:
-            return pool.generation
-        if self._resume is None and self._stopped is not None and self._pools_started:
-            return self._generation - 1  # the pool it stopped on, ended since
-        return self._generation
+    def _live_pool(self):
+        return self._pool if self._pool is not None and self._pool.alive else None
 
-    def _state_config(self):
-        """The part of a state that says which loader it fits (checked at load)."""
-        return {"seed": self.seed, "dataset_len": length_or_none(self.dataset),
-                "batch_size": self.batch_size, "drop_last": self.drop_last,
-                "shuffle": self.shuffle, "world_size": self.world_size, "rank": self.rank}
+    def _state_shape(self):
+        """What this loader's states are saved from and checked against."""
+        try:
+            n_batches = len(self)
+        except TypeError:  # an iterable dataset without a length: resumed by replay
+            n_batches = None
+        # The part of a state that says which loader it fits (checked at load).
+        config = {"seed": self.seed, "dataset_len": length_or_none(self.dataset),
+                  "batch_size": self.batch_size, "drop_last": self.drop_last,
+                  "shuffle": self.shuffle, "world_size": self.world_size, "rank": self.rank}
+        return StateShape(config, n_batches, self.iterable, self._reshardable(),
+                          len(self.dataset) if not self.iterable else 0, self.batch_size,
+                          self.world_size, self.num_workers, self._keeps_dataset_state(),
+                          self.dataset)
 
     def _keeps_dataset_state(self):
         """A map-style dataset with torchdata's ``Stateful`` protocol: its state is
@@ -446,88 +396,29 @@ class DataLoader:
         dataset that orders its own shards, or out-of-order batches done past
         the position (``in_order=False``).
         """
-        try:
-            n_batches = len(self)
-        except TypeError:  # an iterable dataset without a length: resumed by replay
-            n_batches = None
-        mine = self._state_config()
-        theirs = state.get("world_size") if isinstance(state, dict) else None
-        reshard = (theirs != self.world_size and isinstance(theirs, int)
-                   and not isinstance(theirs, bool) and theirs >= 1 and self._reshardable())
-        if reshard:
-            # Saved under another world_size: checked as that loader's state,
-            # then resumed from the global position its ranks had reached.
-            mine = {**mine, "world_size": theirs}
-            n_batches = num_batches(shard_length(len(self.dataset), theirs, self.drop_last),
-                                    self.batch_size, self.drop_last)
-        epoch, prefix, extra, seed = check_state(state, mine, n_batches, self.iterable)
-        start = state.get("order_start", 0) if self._reshardable() else 0
-        n = len(self.dataset) if not self.iterable else 0
-        if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= n:
-            raise ValueError(f"cannot resume: the state's order_start must be an int in "
-                             f"[0, {n}], got {start!r}")
-        if reshard:
-            if extra:
-                raise ValueError(f"cannot resume with world_size={self.world_size} a state "
-                                 f"saved with world_size={theirs} while batches "
-                                 f"{sorted(extra)} past its position were done out of order "
-                                 f"(in_order=False); save it with in_order=True")
-            start = min(n, start + prefix * self.batch_size * theirs)
-            prefix = 0
-            if start >= n:
-                epoch, start = epoch + 1, 0   # that epoch was done
-        datasets = self._check_dataset_state(state.get("dataset_state"))
-        generation = state.get("worker_generation")  # (checked by check_state; older states lack it)
+        self._position.load_state_dict(state, self._state_shape(), self._prepare_resume)
+
+    def _prepare_resume(self, loaded):
+        """A checked state is about to be resumed: the dataset takes its order, and a
+        pool whose workers seed otherwise ends."""
         # The dataset takes what the state saved of its order (after checking
         # it; True: its order changed, so workers holding the old copy end).
         own = getattr(self.dataset, "_netcl_load_state_dict", None)
-        reordered = bool(own(state)) if callable(own) and not self.iterable else False
+        reordered = bool(own(loaded.state)) if callable(own) and not self.iterable else False
         # Everything is checked: only now does anything change.
         if reordered:
             self._shutdown_pool()
-        if seed != self.seed:
-            self.seed = seed
+        if loaded.seed != self.seed:
+            self.seed = loaded.seed
             self._maker = self._new_maker()
             self._shutdown_pool()  # its workers seed from the old one
-        if generation is not None:
-            if self._pool is not None and self._pool.generation != generation:
+        if loaded.generation is not None:
+            if self._pool is not None and self._pool.generation != loaded.generation:
                 self._shutdown_pool()  # its workers seed from another generation
             if self._pool is None:
-                self._generation = int(generation)
-        self._next_epoch = epoch
-        self._epoch_from_caller = True
-        self._order_start = (epoch, start) if start else None
-        if start:
+                self._position.generation = int(loaded.generation)
+        if loaded.start:
             self._discard_prestarted()  # made over the whole epoch's order
-        self._resume = (epoch, prefix, extra)
-        self._resume_dataset = datasets
-        self._stopped = self._stopped_dataset = None
-
-    def _check_dataset_state(self, saved):
-        """The per-worker dataset states of a loaded state, pickled (None: none saved);
-        ValueError naming what does not fit."""
-        if saved is None:
-            return None
-        if (not isinstance(saved, dict) or not isinstance(saved.get("workers"), (list, tuple))
-                or not isinstance(saved.get("num_workers"), int)
-                or len(saved["workers"]) != max(1, saved["num_workers"])):
-            raise ValueError(f"cannot resume: the state's dataset_state must be a dict with "
-                             f"num_workers and one state per worker (from state_dict()), got "
-                             f"{saved!r:.200}")
-        if not self._keeps_dataset_state():
-            raise ValueError(f"cannot resume: the state holds the state of a dataset with "
-                             f"state_dict/load_state_dict, but this loader's dataset "
-                             f"({type(self.dataset).__name__}) has none to load it")
-        if saved["num_workers"] != self.num_workers:
-            raise ValueError(f"cannot resume: the state holds the dataset's state of each of "
-                             f"num_workers={saved['num_workers']} workers, but this loader has "
-                             f"num_workers={self.num_workers}; resume with the same num_workers")
-        try:
-            return [None if s is None else pickle.dumps(s, pickle.HIGHEST_PROTOCOL)
-                    for s in saved["workers"]]
-        except Exception as exc:
-            raise ValueError(f"cannot resume: the state's dataset_state does not pickle "
-                             f"(it goes to the workers by value): {exc}") from exc
 
     # -- GPU -------------------------------------------------------------------
     def bind_queue(self, queue, *, allocator=None):
@@ -569,7 +460,7 @@ class DataLoader:
         self._delivery.bind(Uploader(queue, allocator=allocator))
 
     def _finish_uploads(self):
-        it = self._active() if self._active is not None else None
+        it = self._position.running()
         if it is not None:
             it._wait_uploads()
 
@@ -578,15 +469,14 @@ class DataLoader:
         if self._pool is not None and (self._pool_dataset is not self.dataset or not self._pool.alive):
             self._shutdown_pool()
         if self._pool is None:
-            if self._pools_started:
+            if self._position.pools_started:
                 self._stats.worker_restarts += 1
             # Workers fork with no thread of this package's running: the
             # object-store loop stops for the start (Pool is made nowhere else).
             with stores_paused():
                 self._pool = Pool(self)
             self._pool_dataset = self.dataset
-            self._pools_started += 1
-            self._generation += 1
+            self._position.pool_started()
         return self._pool
 
     def _new_maker(self):
@@ -598,7 +488,7 @@ class DataLoader:
     def _shutdown_pool(self):
         pool, self._pool = self._pool, None
         if pool is not None:
-            it = self._active() if self._active is not None else None
+            it = self._position.running()
             if it is not None and it.pool is pool and not it.finished:
                 it._abandon()  # it cannot go on without its pool
             pool.close()
@@ -621,24 +511,18 @@ class DataLoader:
     _torch_errors = False
 
     # -- what an epoch's iterator asks of its loader ----------------------------
-    def _new_token(self):
-        """The token of a new iteration: workers skip tasks of any other."""
-        self._token = (self._token + 1) & 0xFFFFFFFF
-        return self._token
-
     def _epoch_over(self, it, completed):
         """Iterator ``it`` has ended: ``completed`` (its last batch delivered) starts the
         next epoch's first tasks now; otherwise where it stopped is kept for
         :meth:`state_dict`.  Either way a pool that is not persistent ends."""
+        known = None
         if it.dataset_states is not None:
             # What is known, without waiting: where the workers stand now.
             known = it.dataset_states.snapshot()
             if it.pool is self._pool:
                 self._pool.dataset_states = known
         if not completed:
-            self._stopped = (it.epoch, it.done_prefix, set(it.done_extra))
-            if it.dataset_states is not None:
-                self._stopped_dataset = known
+            self._position.stop(it, known)
         self._end_epoch_pool()
         if completed:
             self._prestart(it.epoch + 1)
@@ -651,33 +535,27 @@ class DataLoader:
     def __iter__(self):
         if self._closed:
             raise RuntimeError("this DataLoader is closed")
-        old = self._active() if self._active is not None else None
+        position = self._position
+        old = position.running()
         if old is not None:
             self._end_held(old)
         if self._maker.dataset is not self.dataset:
             self._maker = self._new_maker()  # the caller replaced the dataset
-        if self._resume is not None:
-            epoch, prefix, extra = self._resume
-        else:
-            epoch, prefix, extra = self._next_epoch, 0, set()
-        datasets = self._resume_dataset
+        epoch, prefix, extra, datasets = position.next_iteration()
         fresh = not prefix and not extra and datasets is None
         it = self._take_prestarted(epoch) if fresh else None
         if it is None:
             self._discard_prestarted()
-            stopped = self._stopped
+            stopped = position.stopped
             try:
                 it = EpochIterator(self, epoch, prefix, extra, dataset_states=datasets)
             except BaseException:
                 # Nothing was consumed: a retried iter() starts this same epoch
                 # (and a loaded state is still to be resumed).
-                self._stopped = stopped
+                position.stopped = stopped
                 raise
         # Only once the iteration exists does the loader move on.
-        self._resume = self._resume_dataset = None
-        self._next_epoch = epoch + 1
-        self._stopped = self._stopped_dataset = None
-        self._active = weakref.ref(it)
+        position.started(it, epoch)
         return it
 
     def _end_held(self, old):
@@ -730,9 +608,9 @@ class DataLoader:
         caller iterates, never earlier.
         """
         if (self._closed or self.num_workers == 0 or self.sampler is not None
-                or self.batch_sampler is not None or self._resume is not None
+                or self.batch_sampler is not None or self._position.resume is not None
                 or self.iterable or not self.persistent_workers
-                or self._next_epoch != epoch or self._pool is None or not self._pool.alive):
+                or self._position.next_epoch != epoch or self._pool is None or not self._pool.alive):
             return
         try:
             it = EpochIterator(self, epoch, 0, set(), prestarted=True)
@@ -771,7 +649,7 @@ class DataLoader:
         """End the worker pool and free the ring (idempotent; also on ``with`` exit and collection)."""
         if self._closed:
             return
-        old = self._active() if getattr(self, "_active", None) is not None else None
+        old = self._position.running()
         if old is not None:
             old._abandon()
         self._discard_prestarted()
