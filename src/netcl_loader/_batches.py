@@ -190,15 +190,17 @@ class BatchMaker:
                  "seed_batches", "base_seed", "rank", "times", "key", "skipped",
                  "torch_rules")
 
-    def __init__(self, dataset, collate_fn, transforms, batched, batch_size, drop_last, iterable,
-                 seeding, base_seed, rank, torch_rules=False):
+    def __init__(self, dataset, iterable, batching, *, seeding, base_seed, rank,
+                 torch_rules=False):
+        """``batching``: the loader's BatchingOptions; ``seeding``: its ``worker_seeding``;
+        ``rank``: the rank when sharded (seeds of batches include it), else None."""
         self.dataset = dataset
-        self.collate_fn = collate_fn
-        self.transforms = tuple(transforms)
-        self.batched = batched          # False: batch_size=None, samples as fetched
+        collate_fn = self.collate_fn = batching.collate_fn
+        self.transforms = tuple(batching.transforms)
+        batched = self.batched = batching.batched  # False: batch_size=None, samples as fetched
         self.iterable = iterable
-        self.fetcher = (_IterableFetcher(dataset, batched, batch_size, drop_last) if iterable
-                        else _MapFetcher(dataset, batched, collate_fn))
+        self.fetcher = (_IterableFetcher(dataset, batched, batching.batch_size, batching.drop_last)
+                        if iterable else _MapFetcher(dataset, batched, collate_fn))
         # A batch made without any user code draws no random numbers: seeding
         # it would only cost time (ArrayDataset's gather path).
         self.seed_batches = seeding == "batch" and not (

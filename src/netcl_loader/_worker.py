@@ -6,6 +6,7 @@ import os
 import pickle
 import signal
 import time
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -48,24 +49,28 @@ class WorkerConfig(NamedTuple):
     """Everything a worker needs to make batches, fixed for the life of the pool."""
 
     worker_id: int
-    num_workers: int
     dataset: Any
-    collate_fn: Any
-    transforms: tuple
-    worker_init_fn: Any
+    iterable: bool
+    batching: Any               # the loader's BatchingOptions: how samples become a batch
+    workers: Any                # its WorkerOptions (without the multiprocessing context)
     base_seed: int
-    seeding: str                # "batch" or "worker"
     rank: int
     world_size: int
     distributed: bool           # seeds of batches include the rank
-    use_shared_mem: bool
-    batched: bool               # False: batch_size=None, no auto-batching
-    batch_size: int | None      # of an iterable-style stream's batches
-    drop_last: bool             # iterable-style: drop each stream's last, smaller batch
-    iterable: bool
     generation: int             # the pool's seed generation (pools the loader started before it)
     torch_rules: bool = False   # batches and samples shaped as PyTorch's loader shapes them
     dataset_state: bool = False  # a map-style Stateful dataset: its state goes to the main process
+
+    @classmethod
+    def of(cls, options, *, generation, torch_rules, dataset_state):
+        """The configuration of a pool's workers (``worker_id`` 0, set per worker)."""
+        order = options.order
+        # The context started the worker; it is no part of what the worker does
+        # (and a context of the caller's own need not pickle).
+        workers = replace(options.workers, multiprocessing_context=None)
+        return cls(0, options.dataset, options.iterable, options.batching, workers, order.seed,
+                   order.rank, order.world_size, order.distributed, generation, torch_rules,
+                   dataset_state)
 
 
 class _Stop(Exception):
@@ -258,104 +263,136 @@ def worker_loop(boot, config, conn, ring, lifeline):
     if not start_watchdog(lifeline):
         return  # the main process died while this worker was starting
     limit_threads()
-    worker_id = config.worker_id
-    header = ring.header
-    use_shared_mem = config.use_shared_mem
-    maker = BatchMaker(config.dataset, config.collate_fn, config.transforms, config.batched,
-                       config.batch_size,
-                       config.drop_last, config.iterable, config.seeding, config.base_seed,
-                       config.rank if config.distributed else None, config.torch_rules)
-    # Seeded once at start in both modes (PyTorch's way), before worker_init_fn,
-    # so that seeding done there holds; "batch" seeds again before each batch.
-    seed = worker_seed(config.base_seed, worker_id, config.generation)
-    seed_everything(seed)
-    set_worker_info(WorkerInfo(worker_id, config.num_workers, seed, config.dataset,
-                                config.rank, config.world_size))
-    try:
-        if config.worker_init_fn is not None:
-            config.worker_init_fn(worker_id)
-    except BaseException as exc:  # reported with the first task
-        init_error = error_record(exc, [], worker_id)
-    else:
-        init_error = None
-    tasks = _Tasks(worker_id, header, conn, ring)
-    # A Stateful dataset: its state goes to the main process as this worker
-    # starts an iteration and after every batch it publishes (the main process
-    # keeps the one after the last batch it delivered from here).
-    stateful, started = config.dataset_state, None
+    _Worker(config, conn, ring).run()
 
-    while True:
+
+class _Worker:
+    """One worker's state between tasks, and the steps of serving one task."""
+
+    __slots__ = ("config", "conn", "ring", "header", "tasks", "maker", "init_error", "stateful",
+                 "started", "after")
+
+    def __init__(self, config, conn, ring):
+        self.config, self.conn, self.ring, self.header = config, conn, ring, ring.header
+        worker_id = config.worker_id
+        self.maker = BatchMaker(config.dataset, config.iterable, config.batching,
+                                seeding=config.workers.worker_seeding, base_seed=config.base_seed,
+                                rank=config.rank if config.distributed else None,
+                                torch_rules=config.torch_rules)
+        # Seeded once at start in both modes (PyTorch's way), before worker_init_fn,
+        # so that seeding done there holds; "batch" seeds again before each batch.
+        seed = worker_seed(config.base_seed, worker_id, config.generation)
+        seed_everything(seed)
+        set_worker_info(WorkerInfo(worker_id, config.workers.num_workers, seed, config.dataset,
+                                   config.rank, config.world_size))
+        self.init_error = None  # reported with the first task
         try:
-            task = tasks.next()
-        except (_Stop, _PipeLost):
-            return
-        slot, token, seq, epoch, indices = task
-        if header.token() != token:
-            ring.publish(slot, CANCELLED)  # the main process moved on
-            continue
+            if config.workers.worker_init_fn is not None:
+                config.workers.worker_init_fn(worker_id)
+        except BaseException as exc:
+            self.init_error = error_record(exc, [], worker_id)
+        self.tasks = _Tasks(worker_id, self.header, conn, ring)
+        # A Stateful dataset: its state goes to the main process as this worker
+        # starts an iteration and after every batch it publishes (the main process
+        # keeps the one after the last batch it delivered from here).
+        self.stateful, self.started = config.dataset_state, None
+        self.after = None  # the dataset's state after the current batch (Stateful datasets)
+
+    def run(self):
+        next_task, serve = self.tasks.next, self.serve
+        while True:
+            try:
+                task = next_task()
+            except (_Stop, _PipeLost):
+                return
+            if not serve(*task):
+                return
+
+    def serve(self, slot, token, seq, epoch, indices):
+        """One task: its batch published in its slot, or sent by pipe (an error, the
+        stream's end, a batch without shared memory); False: the worker must exit."""
+        if self.header.token() != token:
+            self.ring.publish(slot, CANCELLED)  # the main process moved on
+            return True
         start = time.perf_counter_ns()
+        maker = self.maker
         maker.times = (0, 0, 0)
-        after = None  # the dataset's state after this batch (Stateful datasets)
+        self.after = None
         try:
-            if stateful and (tasks.load is not None or started != token):
-                starting, started = started != token, token
-                _start_state(config.dataset, tasks, conn, token, starting, worker_id)
-            if init_error is not None:
-                raise_record, init_error = init_error, None
-                raise RuntimeError(f"worker_init_fn failed in DataLoader worker {worker_id}:\n"
-                                   f"{raise_record[2]}")
-            if slot in tasks.unmapped:
-                raise tasks.unmapped.pop(slot)
-            if config.iterable:
-                maker.start_stream(token)
-            seed = maker.seed(epoch, seq)
-            if seed is not None:
-                set_worker_info(get_worker_info()._replace(seed=seed))
-            if use_shared_mem:
-                # Every array of the batch is placed in the slot; one that does
-                # not fit waits for the main process to grow the slot first.
-                space = _SlotSpace(tasks, slot)
-                batch = maker.make(indices, space.alloc)
-                if stateful:
-                    after = dataset_state(config.dataset)  # (its error is the batch's)
-                space.publish(batch, maker.times + (start,), maker.skipped)
-                if stateful:
-                    try:
-                        conn.send_bytes(dumps(Result(STATE, token, seq, after)))
-                    except (EOFError, OSError):
-                        return
-                continue
-            batch = maker.make(indices, np.empty)
-            if stateful:
-                after = dataset_state(config.dataset)
-            payload = Result(BATCH, token, seq, batch)
+            payload = self.make(slot, token, seq, epoch, indices, start)
         except _NoRoom:
-            ring.publish(slot, CANCELLED)  # the main process reported the shortage
-            continue
+            self.ring.publish(slot, CANCELLED)  # the main process reported the shortage
+            return True
         except (_Stop, _PipeLost):
-            return
+            return False
         except StreamEnd:
             payload = Result(END, token, seq, None)
         except Exception as exc:
             # An error of the stream itself ends it for the epoch; one of
             # collate_fn or a transform does not.
-            kind = ERROR_END if config.iterable and maker.stream is None else ERROR
-            payload = Result(kind, token, seq, error_record(exc, indices, worker_id))
+            kind = ERROR_END if self.config.iterable and maker.stream is None else ERROR
+            payload = Result(kind, token, seq, error_record(exc, indices, self.config.worker_id))
+            if self.stateful:
+                self.after = _state_or_none(self.config.dataset)
+        if payload is None:
+            return True  # published in its slot
+        return self.send(slot, token, seq, indices, payload, start)
+
+    def make(self, slot, token, seq, epoch, indices, start):
+        """Make the batch: published in its slot (returns None), or the Result to pipe."""
+        config, maker, tasks = self.config, self.maker, self.tasks
+        stateful = self.stateful
+        if stateful and (tasks.load is not None or self.started != token):
+            starting, self.started = self.started != token, token
+            _start_state(config.dataset, tasks, self.conn, token, starting, config.worker_id)
+        if self.init_error is not None:
+            record, self.init_error = self.init_error, None
+            raise RuntimeError(f"worker_init_fn failed in DataLoader worker {config.worker_id}:"
+                               f"\n{record[2]}")
+        if slot in tasks.unmapped:
+            raise tasks.unmapped.pop(slot)
+        if config.iterable:
+            maker.start_stream(token)
+        seed = maker.seed(epoch, seq)
+        if seed is not None:
+            set_worker_info(get_worker_info()._replace(seed=seed))
+        if not config.workers.use_shared_mem:
+            batch = maker.make(indices, np.empty)
             if stateful:
-                after = _state_or_none(config.dataset)
+                self.after = dataset_state(config.dataset)
+            return Result(BATCH, token, seq, batch)
+        # Every array of the batch is placed in the slot; one that does not fit
+        # waits for the main process to grow the slot first.
+        space = _SlotSpace(tasks, slot)
+        batch = maker.make(indices, space.alloc)
+        if stateful:
+            self.after = dataset_state(config.dataset)  # (its error is the batch's)
+        space.publish(batch, maker.times + (start,), maker.skipped)
+        if stateful:
+            try:
+                self.conn.send_bytes(dumps(Result(STATE, token, seq, self.after)))
+            except (EOFError, OSError) as exc:
+                raise _PipeLost() from exc
+        return None
+
+    def send(self, slot, token, seq, indices, payload, start):
+        """Publish the slot as PIPED and send ``payload``; False when the pipe is gone."""
+        maker = self.maker
         # Publish first, then send: a large payload blocks in send until the
         # main process, woken by the publish, reads it.
-        ring.publish(slot, PIPED, 0, maker.times + (start,), maker.skipped)
+        self.ring.publish(slot, PIPED, 0, maker.times + (start,), maker.skipped)
         try:
             data = dumps(payload)
         except Exception as exc:  # the batch does not pickle
-            data = dumps(Result(ERROR, token, seq, error_record(exc, indices, worker_id)))
+            data = dumps(Result(ERROR, token, seq,
+                                error_record(exc, indices, self.config.worker_id)))
         try:
-            conn.send_bytes(data)
-            if stateful:
-                conn.send_bytes(dumps(Result(STATE, token, seq, after)))
+            self.conn.send_bytes(data)
+            if self.stateful:
+                self.conn.send_bytes(dumps(Result(STATE, token, seq, self.after)))
         except (EOFError, OSError):
-            return
+            return False
+        return True
 
 
 def _state_or_none(dataset):

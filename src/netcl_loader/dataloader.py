@@ -20,19 +20,21 @@ from __future__ import annotations
 
 import inspect
 import numbers
+import operator
 import time
 import warnings
 import weakref
 
 from ._epoch import EpochIterator
 from ._errors import LoaderTimeout
-from ._options import (BATCH_SIZE, DROP_LAST, PUBLIC_ATTRIBUTES, SHUFFLE, Unset,
+from ._options import (BATCH_SIZE, DROP_LAST, GROUP_OF, PUBLIC_ATTRIBUTES, SHUFFLE, Unset,
                        check_flag, check_options)
 from ._position import Position, StateShape
 from ._order import (epoch_length, epoch_order, global_order, group, index_batches,
                      length_or_none, local_order, num_batches)
 from ._loopthread import paused as stores_paused
 from ._pool import Pool, WorkerError
+from ._worker import WorkerConfig
 from ._prefetch import Prefetcher
 from ._stats import LoaderStats
 from ._batches import BatchMaker, is_stateful
@@ -171,33 +173,28 @@ class DataLoader:
                  output=None, worker_seeding="batch", prefetch_factor=None,
                  persistent_workers=True, pin_memory=False, pin_memory_device="",
                  generator=None, device_queue=None, async_transfer=False):
+        # The arguments whole, by name (this must stay the first statement):
+        # check_options gives each to the checker of its concern.
+        arguments = dict(locals())
+        for name in ("self", "dataset", "device_queue", "async_transfer"):
+            del arguments[name]
         self._closed = True  # until construction succeeds: __del__ must not act
         # Every check (naming the argument, its value and what is expected) and
-        # every resolved default, once.
-        opts = check_options(
-            dataset, batch_size, shuffle, drop_last, num_workers, prefetch, seed, transforms,
-            use_shared_mem, sampler=sampler, batch_sampler=batch_sampler, collate_fn=collate_fn,
-            zero_copy=zero_copy, in_order=in_order, timeout=timeout,
-            worker_init_fn=worker_init_fn, multiprocessing_context=multiprocessing_context,
-            rank=rank, world_size=world_size, output=output, worker_seeding=worker_seeding,
-            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
-            pin_memory=pin_memory, pin_memory_device=pin_memory_device, generator=generator)
+        # every resolved default, once; the loader's public attributes are its
+        # options' (see PUBLIC_ATTRIBUTES).
+        self._options = opts = check_options(dataset, **arguments)
         check_flag("async_transfer", async_transfer)
-        self._options = opts
         self._stats = LoaderStats()
         # How batches reach the caller (output, zero_copy, pin_memory's finishing
         # touch, the output pool, the uploader), handed to every epoch's
         # iterator; the loader's attributes of those names are its.
         self._delivery = Delivery(self._stats)
-        for name in PUBLIC_ATTRIBUTES:
-            setattr(self, name, getattr(opts, name))
-        self._mp_context = opts.mp_context
-        self._distributed = opts.distributed
-        self._batched = opts.batched
+        for name in ("output", "zero_copy", "pin_memory"):
+            setattr(self._delivery, name, getattr(opts.delivery, name))
         self._maker = self._new_maker()
 
-        self._stats.num_workers = opts.num_workers   # what the verdict's advice starts from
-        self._stats.prefetch = opts.prefetch
+        self._stats.num_workers = opts.workers.num_workers  # what the verdict's advice starts from
+        self._stats.prefetch = opts.workers.prefetch
         self._pool = None
         self._pool_dataset = None
         # The next epoch, a state to resume, where an iteration stopped, the
@@ -239,7 +236,7 @@ class DataLoader:
 
     @property
     def multiprocessing_context(self):
-        return self._mp_context
+        return self._options.workers.multiprocessing_context
 
     @property
     def stats(self):
@@ -256,7 +253,7 @@ class DataLoader:
             return iter(self.batch_sampler)
         if self.sampler is not None:
             self._forward_epoch(self.sampler, epoch)
-            if not self._batched:
+            if not self._options.batching.batched:
                 return ([i] for i in self.sampler)
             return group(iter(self.sampler), self.batch_size, self.drop_last)
         start = self._position.start_of(epoch)
@@ -474,20 +471,26 @@ class DataLoader:
             # Workers fork with no thread of this package's running: the
             # object-store loop stops for the start (Pool is made nowhere else).
             with stores_paused():
-                self._pool = Pool(self)
+                config = WorkerConfig.of(self._options, generation=self._position.generation,
+                                         torch_rules=self._tuples_as_lists,
+                                         dataset_state=self._keeps_dataset_state())
+                self._pool = Pool(self._options, config, self._stats)
             self._pool_dataset = self.dataset
             self._position.pool_started()
         return self._pool
 
     def _new_maker(self):
-        return BatchMaker(self.dataset, self.collate_fn, self.transforms, self._batched,
-                          self.batch_size, self.drop_last, self.iterable, self.worker_seeding,
-                          self.seed, self.rank if self._distributed else None,
-                          self._tuples_as_lists)
+        opts = self._options
+        return BatchMaker(opts.dataset, opts.iterable, opts.batching,
+                          seeding=opts.workers.worker_seeding, base_seed=opts.order.seed,
+                          rank=opts.order.rank if opts.order.distributed else None,
+                          torch_rules=self._tuples_as_lists)
 
     def _shutdown_pool(self):
         pool, self._pool = self._pool, None
         if pool is not None:
+            # Not alive from here: its iteration's cleanup leaves its slots alone.
+            pool.alive = False
             it = self._position.running()
             if it is not None and it.pool is pool and not it.finished:
                 it._abandon()  # it cannot go on without its pool
@@ -511,6 +514,24 @@ class DataLoader:
     _torch_errors = False
 
     # -- what an epoch's iterator asks of its loader ----------------------------
+    def _new_iterator(self, epoch, prefix, extra, prestarted=False, dataset_states=None):
+        """An :class:`EpochIterator` of ``epoch`` with this loader's collaborators.
+
+        A handed-out iterator holds the loader (through ``on_end``), so that a
+        loader only its iterator refers to lives on until the epoch ends; one
+        started early holds it weakly until it is handed out.
+        """
+        on_end, length = self._epoch_over, self.__len__
+        if prestarted:
+            on_end, length = _weakly(on_end), _weakly(length)
+        return EpochIterator(
+            epoch, prefix, extra, options=self._options,
+            batches=None if self.iterable else self._batches(epoch), get_pool=self._get_pool,
+            gate=self._gate, position=self._position, stats=self._stats,
+            delivery=self._delivery, maker=self._maker, on_end=on_end, length=length,
+            torch_errors=self._torch_errors, prestarted=prestarted,
+            dataset_states=dataset_states)
+
     def _epoch_over(self, it, completed):
         """Iterator ``it`` has ended: ``completed`` (its last batch delivered) starts the
         next epoch's first tasks now; otherwise where it stopped is kept for
@@ -548,7 +569,7 @@ class DataLoader:
             self._discard_prestarted()
             stopped = position.stopped
             try:
-                it = EpochIterator(self, epoch, prefix, extra, dataset_states=datasets)
+                it = self._new_iterator(epoch, prefix, extra, dataset_states=datasets)
             except BaseException:
                 # Nothing was consumed: a retried iter() starts this same epoch
                 # (and a loaded state is still to be resumed).
@@ -613,12 +634,11 @@ class DataLoader:
                 or self._position.next_epoch != epoch or self._pool is None or not self._pool.alive):
             return
         try:
-            it = EpochIterator(self, epoch, 0, set(), prestarted=True)
+            # Until handed out, the iterator must not keep its loader alive: a loader
+            # dropped by the caller is collected (and closes its pool) at once.
+            it = self._new_iterator(epoch, 0, set(), prestarted=True)
         except Exception:
             return  # the same error comes back, in its place, at the next iter()
-        # Until handed out, the iterator must not keep its loader alive: a loader
-        # dropped by the caller is collected (and closes its pool) at once.
-        it.loader = weakref.proxy(self)
         self._prestarted = (it, self._config_key())
 
     def _take_prestarted(self, epoch):
@@ -633,7 +653,7 @@ class DataLoader:
                 and self._pool is not None and self._pool.alive and not it.finished
                 and all(p.exitcode is None for p in self._pool.procs)):
             it.prestarted = False
-            it.loader = self
+            it.on_end, it.length = self._epoch_over, self.__len__  # (held strongly from now)
             self._stats.begin_epoch(epoch)
             it._last = time.perf_counter()
             return it
@@ -678,6 +698,34 @@ class DataLoader:
         return (f"DataLoader({type(self.dataset).__name__} of {length_or_none(self.dataset)}, "
                 f"batch_size={self.batch_size}, shuffle={self.shuffle}, num_workers={self.num_workers}, "
                 f"prefetch={self.prefetch}, seed={self.seed})")
+
+
+def _weakly(method):
+    """``method`` called through a weak reference to its object (ReferenceError once it is gone)."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args):
+        bound = ref()
+        if bound is None:
+            raise ReferenceError("the DataLoader of this iteration is gone")
+        return bound(*args)
+    return call
+
+
+def _option_attribute(name):
+    """A loader attribute that is its options' ``name``; assigning it replaces the options."""
+    group = GROUP_OF[name]
+    get = operator.attrgetter("_options." + name if group is None else f"_options.{group}.{name}")
+
+    def put(self, value):
+        self._options = self._options.replaced(name, value)
+    return property(get, put)
+
+
+for _name in PUBLIC_ATTRIBUTES:
+    if _name not in vars(DataLoader):  # (output, zero_copy, pin_memory: the Delivery's)
+        setattr(DataLoader, _name, _option_attribute(_name))
+del _name
 
 
 def _plain_defaults(init):
