@@ -1,4 +1,4 @@
-"""Argument checks shared by the loader, the ring and augment, and the loader's option helpers."""
+"""Argument checks shared by the loader, the ring and augment, and the loader's options grouped by concern."""
 from __future__ import annotations
 
 import multiprocessing
@@ -337,7 +337,7 @@ def check_order(dataset, iterable, *, shuffle=SHUFFLE, seed=None, sampler=None,
             if value is not None:
                 raise ValueError(f"{name}={value!r} cannot be used with an iterable-style "
                                  f"dataset ({type(dataset).__name__}): it has no indices")
-    if sampler is not None:
+    if sampler is not None and batch_sampler is None:  # (with one: see _check_batch_sampler)
         if passed_shuffle and shuffle:
             raise ValueError(f"sampler={sampler!r} is mutually exclusive with shuffle=True: "
                              f"the sampler decides the order; pass shuffle=False or no shuffle")
