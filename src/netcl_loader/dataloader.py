@@ -13,8 +13,9 @@ The flow (each step in the module named)::
     EpochIterator.__next__: wait for the slot, decode the batch from it
         (shared_batch), hand it over; the slot is freed by its lease.
 
-This module holds the face: arguments, order and resume state, GPU binding
-and the pool's lifetime.
+This module holds the face: arguments, order, GPU binding and the pool's
+lifetime; where the loader stands (next epoch, resume, its state dict) is its
+Position (_position).
 """
 from __future__ import annotations
 
