@@ -1034,7 +1034,7 @@ def test_a_start_report_carries_any_worker_id():
     before, and a failed report made a later death read as a main-module
     import failure)."""
     import multiprocessing
-    from netcl_loader._worker import BOOT_RECORD, BOOT_STARTED, BootReport
+    from netcl_loader._lifeline import BOOT_RECORD, BOOT_STARTED, BootReport
     r, w = multiprocessing.Pipe(duplex=False)
     for wid in (0, 255, 256, 70000):
         BootReport(w, wid).report(BOOT_STARTED)

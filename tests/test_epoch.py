@@ -1,4 +1,4 @@
-"""The epoch iterator's delivery modes (_epoch.DELIVERY) and the leases that free slots (_pool)."""
+"""The epoch iterator's delivery modes (_epoch.DELIVERY) and the leases that free slots (_slots)."""
 import gc
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 
 from netcl_loader import ArrayDataset, DataLoader
 from netcl_loader._epoch import DELIVERY, MAX_LENT_SLOTS
-from netcl_loader._pool import LEASE_NEXT_CALL, LEASE_REFS, LEASE_UPLOAD
+from netcl_loader._slots import LEASE_NEXT_CALL, LEASE_REFS, LEASE_UPLOAD
 from netcl_loader._layout import COPY, LEND, VIEW
 
 N, B = 64, 4
@@ -44,16 +44,16 @@ def test_lend_keeps_the_slot_until_the_caller_drops_every_array():
         it = iter(dl)
         x, y = _warm(it, dl)
         pool = dl._pool
-        kinds = [k for k, _ in pool.leases.values()]
+        kinds = [k for k, _ in pool.slots.leases.values()]
         assert kinds.count(LEASE_REFS) == 1
         first = x[0, 0]
         next(it)  # x still held: its slot stays leased
-        assert sum(1 for k, _ in pool.leases.values() if k == LEASE_REFS) == 2
+        assert sum(1 for k, _ in pool.slots.leases.values() if k == LEASE_REFS) == 2
         assert x[0, 0] == first and x.flags.writeable
         del x, y
         gc.collect()
         next(it)  # the dropped batch's slot is reclaimed at this call
-        assert sum(1 for k, _ in pool.leases.values() if k == LEASE_REFS) <= 2
+        assert sum(1 for k, _ in pool.slots.leases.values() if k == LEASE_REFS) <= 2
 
 
 def test_zero_copy_views_expire_at_the_next_call():
@@ -62,9 +62,9 @@ def test_zero_copy_views_expire_at_the_next_call():
         x, _ = _warm(it, dl)
         pool = dl._pool
         assert not x.flags.writeable
-        assert [k for k, _ in pool.leases.values()] == [LEASE_NEXT_CALL]
+        assert [k for k, _ in pool.slots.leases.values()] == [LEASE_NEXT_CALL]
         next(it)
-        assert [k for k, _ in pool.leases.values()] == [LEASE_NEXT_CALL]  # only the new one
+        assert [k for k, _ in pool.slots.leases.values()] == [LEASE_NEXT_CALL]  # only the new one
 
 
 def test_copy_frees_the_slot_at_once_when_the_caller_keeps_more_than_the_lent_slots():
@@ -76,7 +76,7 @@ def test_copy_frees_the_slot_at_once_when_the_caller_keeps_more_than_the_lent_sl
         assert len(lent) == MAX_LENT_SLOTS
         copies = kept[MAX_LENT_SLOTS:]
         assert all(not _in_ring(dl, b[0]) for b in copies)
-        assert sum(1 for k, _ in dl._pool.leases.values() if k == LEASE_REFS) == MAX_LENT_SLOTS
+        assert sum(1 for k, _ in dl._pool.slots.leases.values() if k == LEASE_REFS) == MAX_LENT_SLOTS
         rest = list(it)
         got = np.concatenate([b[1] for b in kept + rest])
         assert got.tolist() == list(range(got[0], N))
@@ -90,12 +90,12 @@ def test_an_upload_leases_its_slot_until_the_copies_complete(cl_queue):
         seen_upload_lease = False
         for _ in range(8):
             gb = next(it)
-            kinds = [k for k, _ in dl._pool.leases.values()]
+            kinds = [k for k, _ in dl._pool.slots.leases.values()]
             seen_upload_lease |= LEASE_UPLOAD in kinds
             gb.wait()
         assert seen_upload_lease
         dl.bind_queue(None)  # waits for pending copies and frees their slots
-        assert LEASE_UPLOAD not in [k for k, _ in dl._pool.leases.values()]
+        assert LEASE_UPLOAD not in [k for k, _ in dl._pool.slots.leases.values()]
 
 
 # -- a second iter() while an iteration is still held ----------------------------------

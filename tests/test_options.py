@@ -1,5 +1,6 @@
 """The loader's configuration on its own: check_options resolves the arguments once
-into a frozen LoaderOptions, and every refusal names the argument and its value."""
+into a frozen LoaderOptions (grouped by concern), and every refusal names the argument
+and its value."""
 import dataclasses
 
 import numpy as np
@@ -14,19 +15,22 @@ DS = ArrayDataset(np.zeros((10, 2), np.float32))
 def test_defaults_are_resolved_once():
     opts = check_options(DS, num_workers=3, seed=7, timeout=0)
     assert isinstance(opts, LoaderOptions)
-    assert (opts.batch_size, opts.shuffle, opts.drop_last) == (32, True, False)
-    assert opts.prefetch == 6 and opts.timeout is None and opts.transforms == ()
-    assert opts.batched and not opts.distributed and not opts.iterable
-    assert opts.mp_context.get_start_method() in ("fork", "spawn")
+    assert (opts.batching.batch_size, opts.order.shuffle, opts.batching.drop_last) == (32, True, False)
+    assert opts.workers.prefetch == 6 and opts.delivery.timeout is None
+    assert opts.batching.transforms == ()
+    assert opts.batching.batched and not opts.order.distributed and not opts.iterable
+    assert opts.workers.multiprocessing_context.get_start_method() in ("fork", "spawn")
     with pytest.raises(dataclasses.FrozenInstanceError):
-        opts.num_workers = 1
+        opts.workers.num_workers = 1
 
 
 def test_the_loaders_attributes_are_its_options():
     with DataLoader(DS, batch_size=4, num_workers=0, seed=3, transforms=abs) as dl:
         for name in PUBLIC_ATTRIBUTES:
-            assert getattr(dl, name) == getattr(dl._options, name), name
+            assert getattr(dl, name) == dl._options.value(name), name
         assert dl.transforms == (abs,)
+        dl.batch_size = 5  # an assigned attribute is the options' from then on
+        assert dl._options.batching.batch_size == 5 and dl.batch_size == 5
 
 
 @pytest.mark.parametrize("kwargs, exc, shown", [

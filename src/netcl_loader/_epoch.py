@@ -14,7 +14,8 @@ from ._order import Progress, numbered
 from ._protocol import BATCH, END, ERROR, ERROR_END, rebuild_error, start_seq
 from ._ring import GROW, PIPED, READY
 from ._tree import batch_len, read_only
-from ._worker import RngStates, StreamEnd
+from ._batches import StreamEnd
+from ._seeding import RngStates
 from ._deadline import Deadline
 from ._layout import COPY, LEND, VIEW, decode
 
@@ -43,11 +44,13 @@ _NO_INDICES = np.zeros(0, np.int64)
 class EpochIterator:
     """One epoch of batches.
 
-    What it asks of its loader: the epoch's batches of indices (``_batches``),
-    the worker pool (``_get_pool``) and a new iteration token (``_new_token``),
-    the stats, the :class:`~._output.Delivery` and the in-process batch maker,
-    read once here; at its end it says so (``_epoch_over``).  Everything about
-    slots is the pool's slot owner's (``pool.slots``).
+    Its collaborators, each handed over by the loader: the loader's options
+    (workers, prefetch depth, delivery order, timeout), the epoch's batches of
+    indices, the worker pool (``get_pool``, started on first use), the
+    :class:`~._position.Position` (iteration tokens), the stats, the
+    :class:`~._output.Delivery`, the in-process batch maker, the ``gate`` for
+    remote data, and ``on_end(it, completed)``, called once as the iteration
+    ends.  Everything about slots is the pool's slot owner's (``pool.slots``).
     """
 
     #: Raised by ``next()`` once a newer iteration of the loader has ended this
@@ -55,11 +58,22 @@ class EpochIterator:
     #: that has ended just stops.
     superseded = None
 
-    def __init__(self, loader, epoch, prefix, extra, prestarted=False, dataset_states=None):
-        self.loader = loader
-        self.stats = stats = loader._stats
-        self.delivery = loader._delivery
-        self.maker = loader._maker
+    def __init__(self, epoch, prefix, extra, *, options, batches, get_pool, gate, position, stats,
+                 delivery, maker, on_end, length, torch_errors=False, prestarted=False,
+                 dataset_states=None):
+        """``batches``: the epoch's index batches (None for an iterable-style dataset);
+        ``length()``: the batches of a whole epoch; ``torch_errors``: workers'
+        exceptions rebuilt by PyTorch's rule (see ``rebuild_error``)."""
+        workers, delivery_options = options.workers, options.delivery
+        self.num_workers, self.prefetch = workers.num_workers, workers.prefetch
+        self.in_order, self.timeout = delivery_options.in_order, delivery_options.timeout
+        self.torch_errors = torch_errors
+        self.position = position
+        self.on_end = on_end             # on_end(self, completed): the loader moves on
+        self.length = length
+        self.stats = stats
+        self.delivery = delivery
+        self.maker = maker
         self.epoch = epoch
         self.finished = False
         self.prestarted = prestarted     # started early by the loader, not yet handed out
@@ -68,7 +82,7 @@ class EpochIterator:
         self.pending = {}                # seq -> (slot, worker id, n samples); slot None: failed
         self._failed = {}                # seq -> the MemoryError of a task that got no slot
         self._last = None                # end of the previous next(), for wall time
-        self.iterable = loader.iterable
+        self.iterable = options.iterable
         if self.iterable:
             # A stream has no indices: tasks are "your next batch", dealt
             # round-robin to the workers whose stream has not ended, which is
@@ -83,7 +97,7 @@ class EpochIterator:
         else:
             # A frozen copy: progress drops entries from its extra set as the
             # prefix passes them, and those batches must still be skipped.
-            self._tasks = numbered(loader._batches(epoch), prefix, frozenset(extra))
+            self._tasks = numbered(batches, prefix, frozenset(extra))
         self._tasks_left = True
         self.pool = None
         self.slots = None                # the pool's slot owner: everything about slots
@@ -92,21 +106,30 @@ class EpochIterator:
             stats.begin_epoch(epoch)
         # The pool before the gate: the loader never forks while a thread it
         # started runs (the gate's prefetch thread starts below).
-        if loader.num_workers > 0:
-            self.pool = loader._get_pool()
+        if self.num_workers > 0:
+            self.pool = get_pool()
             self.slots = self.pool.slots
         # Data in remote objects: a batch goes out once what it reads is in the
         # cache (fetched ahead by the gate's thread); None for local data.
-        self.gate = None if self.iterable else loader._gate(self._tasks, self.progress)
+        self.gate = None if self.iterable else gate(self._tasks, self.progress)
         if self.gate is not None:
             self._tasks = self.gate
-        self.token = loader._new_token()
+        self.token = position.new_token()
+        self._begin(dataset_states)
+        if not prestarted:
+            # Starting the pool and the first tasks is time the caller waits too.
+            self._last = t0
+            stats.record_wait(time.perf_counter() - t0)
+
+    def _begin(self, dataset_states):
+        """The iteration begins: its first tasks out to the pool (a Stateful dataset's
+        states to load ahead of them), or, in-process, its stream or state."""
         if self.pool is not None:
             self.slots.begin(self.token)
             self.pool.reap()
             if self.pool.stateful:
                 # Before any task: a state to load is queued ahead of them.
-                self.dataset_states = _DatasetStates(self.pool, self.token, loader.timeout,
+                self.dataset_states = _DatasetStates(self.pool, self.token, self.timeout,
                                                      dataset_states)
             self._fill()
             self.pool.kick_all()  # the first batches start now (an early start's point)
@@ -114,17 +137,13 @@ class EpochIterator:
             self.maker.start_stream(self.token)
         elif dataset_states is not None and dataset_states[0] is not None:
             self.maker.dataset.load_state_dict(pickle.loads(dataset_states[0]))
-        if not prestarted:
-            # Starting the pool and the first tasks is time the caller waits too.
-            self._last = t0
-            stats.record_wait(time.perf_counter() - t0)
 
     def _next_task(self):
         """``(seq, indices, worker id)`` of the next task; StopIteration when there is none."""
         if not self.iterable:
             seq, indices = next(self._tasks)
-            return seq, indices, seq % self.loader.num_workers
-        W = self.loader.num_workers
+            return seq, indices, seq % self.num_workers
+        W = self.num_workers
         if len(self._ended) >= W:
             raise StopIteration
         wid = self._next_worker
@@ -148,7 +167,7 @@ class EpochIterator:
         return self
 
     def __len__(self):
-        return len(self.loader) - self.done_prefix - len(self.done_extra)
+        return self.length() - self.done_prefix - len(self.done_extra)
 
     # -- main loop ------------------------------------------------------------
     def __next__(self):
@@ -172,7 +191,7 @@ class EpochIterator:
             # end the iteration; errors of the user's code come back below.
             self.finished = True
             self.pending = {}
-            self.loader._epoch_over(self, completed=False)
+            self.on_end(self, False)
             raise
         if isinstance(got, BaseException):
             # The dataset's, collate_fn's or a transform's: the epoch goes on.
@@ -190,107 +209,67 @@ class EpochIterator:
         else:
             self.progress.mark(seq)
         pending = self.pending
-        if self._tasks_left and self.slots.free and len(pending) < self.loader.prefetch:
+        if self._tasks_left and self.slots.free and len(pending) < self.prefetch:
             self._fill()
-        if pending and self.loader.in_order:
+        if pending and self.in_order:
             # Tasks queued quietly wait for a worker's wake; when the next batch
             # is not ready yet, the workers must be at work now, not when the
             # caller is back.
-            slot = pending[next(iter(pending))][0]
-            if slot is not None:
-                st = self.slots.state(slot)
-                if st != READY and st != PIPED:
-                    self.pool.kick_all()
+            _, slot, _, _, taken = self._oldest()
+            if slot is not None and (taken is None or taken[0] == GROW):
+                self.pool.kick_all()
         end = time.perf_counter()
         self.stats.record_batch(n if not self.iterable else batch_len(batch), wid, times,
                                 decode, end - self._last)
         self._last = end
         return batch
 
+    def _oldest(self):
+        """The oldest pending task, the next with in-order delivery (tasks are
+        dispatched in batch order): ``(seq, slot, worker id, samples, taken)``,
+        ``taken`` what its slot says (:meth:`Slots.take`) once published (READY,
+        PIPED, or GROW: its worker asks for room), else None.  ``slot`` None: the
+        task got no slot (its error is in ``_failed``)."""
+        pending = self.pending
+        seq = next(iter(pending))
+        slot, wid, n = pending[seq]
+        taken = None
+        if slot is not None:
+            taken = self.slots.take(slot)
+            if taken[0] != READY and taken[0] != PIPED and taken[0] != GROW:
+                taken = None
+        return seq, slot, wid, n, taken
+
     def _receive(self):
         """The next batch as ``(batch, seq, worker id, samples, stage times, decode
         seconds)``, or the exception a worker's user code raised for it."""
-        loader, stats, slots = self.loader, self.stats, self.slots
-        in_order = loader.in_order
+        stats = self.stats
         while True:
-            if slots.leases:
-                slots.reclaim(True)  # zero_copy views expire; dropped lent batches
-                if not slots.free and slots.leases:
-                    self._reclaim(next_call=True)  # the device is behind: wait for it
-            pending = self.pending
-            if self._tasks_left and slots.free and len(pending) < loader.prefetch:
-                self._fill()
-            while not pending:
-                if not self._tasks_left:
-                    self._finish()
-                    raise StopIteration
-                self._wait_for_slot()  # every slot is leased or still stale
-                self._fill(wait=True)
-            taken = None
-            if in_order:
-                # Tasks are dispatched in batch order: the oldest pending is the
-                # next.  Already published (the common case): read it at once.
-                seq = next(iter(pending))
-                slot, wid, n = pending[seq]
-                if slot is not None:
-                    taken = slots.take(slot)
-                    if taken[0] != READY and taken[0] != PIPED and taken[0] != GROW:
-                        taken = None
-                        seq, slot, wid, n = self._wait()
-            else:
-                seq, slot, wid, n = self._wait()
-            if slot is None:  # its slot could not be had: the batch's error instead
-                del pending[seq]
-                if not self.iterable:
-                    self.progress.mark(seq)
-                return self._failed.pop(seq)
+            got = self._next_published()
+            if isinstance(got, BaseException):
+                return got
+            seq, slot, wid, n, taken = got
             # One compiled call: its state, record, the worker's stage times and
             # the samples its dataset replaced (bad files), before the slot is freed.
-            state, meta_off, meta_len, times, skipped = taken or slots.take(slot)
+            state, meta_off, meta_len, times, skipped = taken or self.slots.take(slot)
             if state == GROW:
-                # The worker waits, its batch half made, for a bigger slot: grown
-                # here (the memory checked first), or the batch's error.
-                try:
-                    self.pool.answer_grow(slot, wid)
-                except MemoryError as exc:
-                    del self.pending[seq]
-                    if not self.iterable:
-                        self.progress.mark(seq)
-                    return exc
-                stats.grown_slots += 1
+                failed = self._grow(seq, slot, wid)
+                if failed is not None:
+                    return failed
                 continue
             del self.pending[seq]
             if self.dataset_states is not None:
                 self.dataset_states.after(wid, seq)  # the worker's dataset state after this batch
             t_decode = time.perf_counter()  # (for a piped batch: after it has arrived)
             if state == READY:
-                try:
-                    batch = self._take_ready(slot, meta_off, meta_len)
-                except BaseException:
-                    # Not delivered (its slot is free again, see _take_ready):
-                    # the batch counts as done, so the state stays whole.
-                    if not self.iterable:
-                        self.progress.mark(seq)
-                    raise
+                batch = self._take_ready_of(seq, slot, meta_off, meta_len)
             else:  # PIPED
-                t0 = time.perf_counter()
-                msg = self.pool.recv(wid, self.token, seq, loader.timeout)
-                t_decode = time.perf_counter()
-                stats.record_wait(t_decode - t0)
-                if msg.kind == BATCH:  # use_shared_mem=False
-                    stats.piped_batches += 1
-                slots.release(slot)
-                if msg.kind == END:  # this worker's stream has ended
-                    self._ended.add(wid)
-                    continue
-                if msg.kind == ERROR or msg.kind == ERROR_END:
-                    if msg.kind == ERROR_END:
-                        self._ended.add(wid)  # the stream raised: it ended, for this epoch
-                    if not self.iterable:
-                        self.progress.mark(seq)
-                    self._fill()
-                    return rebuild_error(msg.payload, loader._torch_errors)
-                batch = self._upload_owned(self.delivery.owned(msg.payload))
+                got = self._take_piped(seq, slot, wid)
+                if got is None:
+                    continue  # this worker's stream has ended
+                if isinstance(got, BaseException):
+                    return got
+                batch, t_decode = got
             if self.iterable and self._replay:
                 self._replay -= 1  # yielded before the resume: made again, dropped
                 self.progress.prefix += 1
@@ -298,6 +277,87 @@ class EpochIterator:
                 continue
             stats.skipped += skipped
             return batch, seq, wid, n, times, time.perf_counter() - t_decode
+
+    def _next_published(self):
+        """The next pending task whose slot is published, as ``(seq, slot, worker id,
+        samples, taken)`` (``taken``: what its slot said, or None: read it), after
+        reclaiming slots and dispatching what they allow; the MemoryError of a
+        task that got no slot; StopIteration at the epoch's end."""
+        slots, pending = self.slots, self.pending
+        if slots.leases:
+            slots.reclaim(True)  # zero_copy views expire; dropped lent batches
+            if not slots.free and slots.leases:
+                self._reclaim(next_call=True)  # the device is behind: wait for it
+        if self._tasks_left and slots.free and len(pending) < self.prefetch:
+            self._fill()
+        while not pending:
+            if not self._tasks_left:
+                self._finish()
+                raise StopIteration
+            self._wait_for_slot()  # every slot is leased or still stale
+            self._fill(wait=True)
+        taken = None
+        if self.in_order:
+            # Already published (the common case): read it at once.
+            seq, slot, wid, n, taken = self._oldest()
+            if slot is not None and taken is None:
+                seq, slot, wid, n = self._wait()
+        else:
+            seq, slot, wid, n = self._wait()
+        if slot is None:  # its slot could not be had: the batch's error instead
+            del pending[seq]
+            if not self.iterable:
+                self.progress.mark(seq)
+            return self._failed.pop(seq)
+        return seq, slot, wid, n, taken
+
+    def _grow(self, seq, slot, wid):
+        """The worker of ``slot`` waits, its batch half made, for a bigger slot: grown
+        here (the memory checked first); None, or the batch's MemoryError."""
+        try:
+            self.pool.answer_grow(slot, wid)
+        except MemoryError as exc:
+            del self.pending[seq]
+            if not self.iterable:
+                self.progress.mark(seq)
+            return exc
+        self.stats.grown_slots += 1
+        return None
+
+    def _take_ready_of(self, seq, slot, meta_off, meta_len):
+        """The batch of task ``seq``'s READY slot (see :meth:`_take_ready`)."""
+        try:
+            return self._take_ready(slot, meta_off, meta_len)
+        except BaseException:
+            # Not delivered (its slot is free again, see _take_ready):
+            # the batch counts as done, so the state stays whole.
+            if not self.iterable:
+                self.progress.mark(seq)
+            raise
+
+    def _take_piped(self, seq, slot, wid):
+        """What worker ``wid`` sent by pipe for task ``seq`` (its slot is freed):
+        ``(batch, time it arrived)``, the exception of the worker's user code,
+        or None where the worker's stream has ended."""
+        stats = self.stats
+        t0 = time.perf_counter()
+        msg = self.pool.recv(wid, self.token, seq, self.timeout)
+        t_arrived = time.perf_counter()
+        stats.record_wait(t_arrived - t0)
+        if msg.kind == BATCH:  # use_shared_mem=False
+            stats.piped_batches += 1
+        self.slots.release(slot)
+        if msg.kind == END:
+            self._ended.add(wid)
+            return None
+        if msg.kind == ERROR or msg.kind == ERROR_END:
+            if msg.kind == ERROR_END:
+                self._ended.add(wid)  # the stream raised: it ended, for this epoch
+            if not self.iterable:
+                self.progress.mark(seq)
+            self._fill()
+            return rebuild_error(msg.payload, self.torch_errors)
+        return self._upload_owned(self.delivery.owned(msg.payload)), t_arrived
 
     def _next_inline(self, now):
         maker = self.maker
@@ -358,9 +418,9 @@ class EpochIterator:
         pending: then the first task is waited for."""
         pool, slots = self.pool, self.slots
         free, quiet, share = slots.free, pool.quiet, pool.share
-        W, tasks = self.loader.num_workers, self._tasks
+        W, tasks, prefetch = self.num_workers, self._tasks, self.prefetch
         gate = self.gate
-        while self._tasks_left and len(self.pending) < self.loader.prefetch and free:
+        while self._tasks_left and len(self.pending) < prefetch and free:
             if gate is not None and (self.pending or not wait) and not gate.ready():
                 break   # its data is still on the way: deliver what is ready meanwhile
             try:
@@ -374,10 +434,10 @@ class EpochIterator:
                 break
             try:
                 # The common case in one compiled call; growth, pipes and odd
-                # indices through the pool.
+                # indices through the pool's general path.
                 slot = slots.dispatch(seq, wid, self.epoch, indices, quiet, share)
                 if slot < 0:
-                    slot = pool.dispatch(seq, self.epoch, indices, wid)
+                    slot = pool.dispatch_general(seq, self.epoch, indices, wid)
             except MemoryError as exc:
                 # No memory for its slot: the batch's error, in its place.
                 slot = None
@@ -413,17 +473,8 @@ class EpochIterator:
         """
         slots = self.slots
         pending = self.pending
-        in_order = self.loader.in_order
-        if in_order:
-            # Tasks are dispatched in batch order: the oldest pending is the
-            # next.  Already published (the common case): no more to do.
-            found = next(iter(pending))
-            slot, wid, n = pending[found]
-            if slot is None:
-                return found, slot, wid, n
-            st = slots.state(slot)
-            if st == READY or st == PIPED or st == GROW:
-                return found, slot, wid, n
+        in_order = self.in_order
+        # (In order, the caller has looked at the oldest pending already: see _oldest.)
         # A slot that asks to grow is answered first, whichever it is (its
         # worker waits on it).
         seqs = list(pending) if in_order else sorted(pending)
@@ -449,15 +500,15 @@ class EpochIterator:
     def _sleep(self, ready, waiting):
         """Call ``ready(slice_ms)`` (a C wait) until it is true, checking liveness and
         the timeout between slices; the time counts as the caller's wait."""
-        loader, pool = self.loader, self.pool
+        pool, timeout = self.pool, self.timeout
         pool.kick_all()  # tasks queued quietly must start before we sleep on them
-        deadline = Deadline(loader.timeout)
+        deadline = Deadline(timeout)
         while True:
             if deadline.expired():
                 slot, wid, _ = self.pending[waiting]
                 self._abandon()
-                raise LoaderTimeout(loader.timeout, f"waiting for batch {waiting} from worker "
-                                                    f"{wid} (pid {pool.procs[wid].pid})")
+                raise LoaderTimeout(timeout, f"waiting for batch {waiting} from worker "
+                                             f"{wid} (pid {pool.procs[wid].pid})")
             if ready(deadline.slice_ms()):
                 break
             pool.check_alive()
@@ -467,9 +518,9 @@ class EpochIterator:
     def _wait_for_slot(self):
         """Sleep until a slot is free: stale tasks finish, the caller drops a lent
         batch, or an upload completes."""
-        pool, loader, slots = self.pool, self.loader, self.slots
+        pool, slots, timeout = self.pool, self.slots, self.timeout
         pool.kick_all()
-        deadline = Deadline(loader.timeout)
+        deadline = Deadline(timeout)
         while True:
             seen = slots.gen()
             pool.reap()
@@ -479,8 +530,8 @@ class EpochIterator:
             pool.check_alive()
             if deadline.expired():
                 self._abandon()
-                raise LoaderTimeout(loader.timeout, f"waiting for a free ring slot (the "
-                                                    f"caller holds {slots.lent_count()} batches)")
+                raise LoaderTimeout(timeout, f"waiting for a free ring slot (the "
+                                             f"caller holds {slots.lent_count()} batches)")
             slots.wait_gen(seen, deadline.slice_ms())
         self.stats.record_wait(deadline.elapsed())
 
@@ -555,7 +606,8 @@ class EpochIterator:
 
     def _wait_uploads(self):
         """Wait for this iteration's pending device copies and free their slots."""
-        if self.pool is not None and self.pool is self.loader._pool:
+        # (A pool the loader has ended is not alive: its slots are gone with it.)
+        if self.pool is not None and self.pool.alive:
             self.slots.reclaim(wait_uploads=True)
 
     # -- ending -----------------------------------------------------------------
@@ -586,7 +638,7 @@ class EpochIterator:
             self.finished = True
             self.stats.end_epoch(self.epoch)
             self._cleanup()
-            self.loader._epoch_over(self, completed=True)
+            self.on_end(self, True)
 
     def _abandon(self):
         """End this iteration early; its batches still in flight are discarded later."""
@@ -594,12 +646,12 @@ class EpochIterator:
             self.finished = True
             self._cleanup()
             if not self.prestarted:
-                self.loader._epoch_over(self, completed=False)
+                self.on_end(self, False)
 
     def _cleanup(self):
         if self.gate is not None:
             self.gate.close()
-        if self.pool is not None and self.pool is self.loader._pool and self.pool.alive:
+        if self.pool is not None and self.pool.alive:
             try:
                 # Views expire and uploads are waited for; lent slots stay
                 # leased while the caller holds their arrays.
@@ -608,7 +660,7 @@ class EpochIterator:
                 pass
             # Slots still in flight belong to an old token now and are reaped
             # by the next iteration; tell workers to skip their tasks.
-            self.slots.begin(self.loader._new_token())
+            self.slots.begin(self.position.new_token())
         self.pending = {}
         self._failed = {}
 

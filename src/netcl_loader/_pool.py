@@ -9,16 +9,15 @@ import threading
 import time
 import weakref
 
-import numpy as np
-
 from ._errors import LoaderTimeout
 from ._protocol import (ENTRY_LOAD_STATE, ENTRY_NO_ROOM, ENTRY_PIPED_TASK, ENTRY_REMAP,
                         ENTRY_STOP, ENTRY_TASK, FLAG_PICKLED_INDICES, KIND_LOAD_STATE, KIND_REMAP,
                         KIND_TASK, STATE, TASK_HEADER, send_fd)
-from ._worker import (BOOT_IMPORTED, BOOT_NONE, BOOT_RECORD, BootReport, Lifeline,
-                      WorkerConfig, task_indices, worker_loop)
+from ._batches import task_indices
+from ._lifeline import BOOT_IMPORTED, BOOT_NONE, BOOT_RECORD, BootReport, Lifeline
+from ._worker import worker_loop
 from ._deadline import Deadline
-from ._slots import LEASE_NEXT_CALL, LEASE_REFS, LEASE_UPLOAD, NO_ITERATION, Slots
+from ._slots import NO_ITERATION, Slots
 from .shared_batch import SharedBatchRingBuffer
 
 __all__ = ["Pool", "WorkerError"]
@@ -169,18 +168,23 @@ class Pool:
     death (or this pool's close) is an EOF that ends every worker.
     """
 
-    def __init__(self, loader):
-        # No reference to the loader: the loader owns the pool, and its
-        # collection must close the pool.
-        self.stats = loader._stats
-        self.use_shared_mem = loader.use_shared_mem
-        ctx = loader._mp_context
+    def __init__(self, options, config, stats):
+        """``options``: the loader's LoaderOptions; ``config``: its workers' WorkerConfig.
+
+        No reference to the loader: the loader owns the pool, and its
+        collection must close the pool.
+        """
+        self.stats = stats
+        workers = options.workers
+        self.use_shared_mem = workers.use_shared_mem
+        ctx = workers.multiprocessing_context
         method = ctx.get_start_method()
-        nslots = loader.prefetch + 2
-        W = loader.num_workers
+        nslots = workers.prefetch + 2
+        W = workers.num_workers
         # A task's indices travel in the ring header: room for a batch of
         # batch_size (batch samplers: up to 512); longer ones go by pipe.
-        per_task = loader.batch_size or (1 if loader.batch_sampler is None else 512)
+        per_task = options.batching.batch_size or (1 if options.order.batch_sampler is None
+                                                   else 512)
         self.ring = SharedBatchRingBuffer(nslots, 0, task_queues=W, index_bytes=8 * (per_task + 1))
         self.header = self.ring.header
         self.slots = Slots(self.ring)         # the one owner of every slot's life
@@ -193,13 +197,7 @@ class Pool:
         # Quietly queued tasks per worker, and how many make a wake worth it:
         # a worker's share of the batches in flight.
         self.quiet = [0] * W
-        self.share = max(1, -(-loader.prefetch // max(1, W)))
-        config = WorkerConfig(0, W, loader.dataset, loader.collate_fn, loader.transforms,
-                              loader.worker_init_fn, loader.seed, loader.worker_seeding,
-                              loader.rank, loader.world_size, loader._distributed,
-                              loader.use_shared_mem, loader._batched, loader.batch_size,
-                              loader.drop_last, loader.iterable, loader._generation,
-                              loader._tuples_as_lists, loader._keeps_dataset_state())
+        self.share = max(1, -(-workers.prefetch // max(1, W)))
         self.stateful = config.dataset_state  # its workers send their dataset's state
         self.generation = config.generation   # its workers seed from (seed, generation)
         lifeline_r, self.lifeline = ctx.Pipe(duplex=False)
@@ -209,30 +207,9 @@ class Pool:
         # process keeps the read end; its write end goes to the workers only.
         self.boot_stage = [BOOT_NONE] * W
         self._boot, boot_w = ctx.Pipe(duplex=False)
-        # PR_SET_PDEATHSIG fires when the parent *thread* ends: only safe when
-        # the pool is started by the main thread.
-        death_signal = threading.current_thread() is threading.main_thread()
-        # Under forkserver the parent is the fork server, not this process.
-        parent = os.getpid() if method != "forkserver" else None
         try:
             for wid in range(W):
-                main_end, worker_end = ctx.Pipe(duplex=True)
-                self.conns.append(main_end)
-                _MAIN_ONLY_FDS.add(main_end.fileno())
-                lifeline = Lifeline(lifeline_r, parent,
-                                    tuple(sorted(_MAIN_ONLY_FDS)) if method == "fork" else (),
-                                    death_signal)
-                p = ctx.Process(target=worker_loop, name=f"netcl_loader-worker-{wid}", daemon=True,
-                                args=(BootReport(boot_w, wid), config._replace(worker_id=wid),
-                                      worker_end, self.ring, lifeline))
-                try:
-                    p.start()
-                except BaseException as exc:
-                    worker_end.close()
-                    _start_failed(exc, wid, method)
-                    raise
-                self.procs.append(p)
-                worker_end.close()
+                self._start_worker(ctx, config._replace(worker_id=wid), boot_w, lifeline_r)
         except BaseException:
             lifeline_r.close()
             boot_w.close()
@@ -245,8 +222,33 @@ class Pool:
         # Runs at close(), at collection and at interpreter exit, whichever is first.
         self._finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns, self.header,
                                            self.lifeline, os.getpid())
-        loader._stats.ring_slots = nslots
-        loader._stats.ring_bytes = self.ring.nbytes
+        stats.ring_slots = nslots
+        stats.ring_bytes = self.ring.nbytes
+
+    def _start_worker(self, ctx, config, boot_w, lifeline_r):
+        """Start the worker of ``config`` with its pipe, boot report and lifeline."""
+        wid, method = config.worker_id, self.method
+        main_end, worker_end = ctx.Pipe(duplex=True)
+        self.conns.append(main_end)
+        _MAIN_ONLY_FDS.add(main_end.fileno())
+        lifeline = Lifeline(
+            lifeline_r,
+            # Under forkserver the parent is the fork server, not this process.
+            os.getpid() if method != "forkserver" else None,
+            tuple(sorted(_MAIN_ONLY_FDS)) if method == "fork" else (),
+            # PR_SET_PDEATHSIG fires when the parent *thread* ends: only safe
+            # when the pool is started by the main thread.
+            threading.current_thread() is threading.main_thread())
+        p = ctx.Process(target=worker_loop, name=f"netcl_loader-worker-{wid}", daemon=True,
+                        args=(BootReport(boot_w, wid), config, worker_end, self.ring, lifeline))
+        try:
+            p.start()
+        except BaseException as exc:
+            worker_end.close()
+            _start_failed(exc, wid, method)
+            raise
+        self.procs.append(p)
+        worker_end.close()
 
     # -- slots -------------------------------------------------------------------
     def grow(self, slot, nbytes):
@@ -286,11 +288,6 @@ class Pool:
             raise
         slots.need = size
 
-    @property
-    def leases(self):
-        """slot -> (LEASE_*, value) of every slot handed to the caller without a copy."""
-        return self.slots.leases
-
     def push(self, wid, entry, wake=True):
         """Queue an entry for worker ``wid`` (a store; a wake only if it sleeps and ``wake``)."""
         while not self.header.push(wid, entry, wake):
@@ -320,9 +317,11 @@ class Pool:
             header.kick(wid)
             quiet[wid] = 0  # (in place: the compiled dispatch counts in this list)
 
-    def dispatch(self, seq, epoch, indices, wid):
+    def dispatch_general(self, seq, epoch, indices, wid):
         """Hand task ``seq`` (its ``indices``) of the current iteration and a free slot
-        to worker ``wid``; returns the slot.
+        to worker ``wid`` where the compiled ``Slots.dispatch`` (the common case,
+        tried first by the caller) could not: a slot that must grow, indices
+        too long for the header or not all ints (by pipe).  Returns the slot.
 
         The task is queued quietly: a worker that sleeps is woken once it has
         its share of the prefetch queued (one wake per ``share`` tasks, not
@@ -331,9 +330,6 @@ class Pool:
         be had (the slot stays free).
         """
         slots = self.slots
-        slot = slots.dispatch(seq, wid, epoch, indices, self.quiet, self.share)
-        if slot >= 0:
-            return slot  # the common case, in one compiled call
         slot, grow_to = slots.pick()
         if grow_to and self.use_shared_mem:
             self.grow(slot, grow_to)

@@ -13,29 +13,32 @@ The flow (each step in the module named)::
     EpochIterator.__next__: wait for the slot, decode the batch from it
         (shared_batch), hand it over; the slot is freed by its lease.
 
-This module holds the face: arguments, order and resume state, GPU binding
-and the pool's lifetime.
+This module holds the face: arguments, order, GPU binding and the pool's
+lifetime; where the loader stands (next epoch, resume, its state dict) is its
+Position (_position).
 """
 from __future__ import annotations
 
 import inspect
 import numbers
-import pickle
+import operator
 import time
 import warnings
 import weakref
 
 from ._epoch import EpochIterator
 from ._errors import LoaderTimeout
-from ._options import (BATCH_SIZE, DROP_LAST, PUBLIC_ATTRIBUTES, SHUFFLE, Unset,
-                       check_flag, check_options, is_iterable_dataset, resolve_context)  # noqa: F401
-from ._order import (STATE_VERSION, check_state, epoch_length, epoch_order, global_order, group,
-                     index_batches, length_or_none, local_order, num_batches, shard_length)
+from ._options import (BATCH_SIZE, DROP_LAST, GROUP_OF, PUBLIC_ATTRIBUTES, SHUFFLE, Unset,
+                       check_flag, check_options)
+from ._position import Position, StateShape
+from ._order import (epoch_length, epoch_order, global_order, group, index_batches,
+                     length_or_none, local_order, num_batches)
 from .remote.loop import paused as stores_paused
 from ._pool import Pool, WorkerError
+from ._worker import WorkerConfig
 from .remote.prefetch import Prefetcher
 from .stats import LoaderStats
-from ._worker import BatchMaker, dataset_state, is_stateful
+from ._batches import BatchMaker, is_stateful
 from ._output import Delivery
 
 __all__ = ["DataLoader", "WorkerError", "LoaderStats", "LoaderTimeout"]
@@ -48,6 +51,16 @@ def _delivery_attribute(name):
 
     def put(self, value):
         setattr(self._delivery, name, value)
+    return property(get, put)
+
+
+def _position_attribute(name):
+    """A loader attribute that is its :class:`Position`'s ``name``."""
+    def get(self):
+        return getattr(self._position, name)
+
+    def put(self, value):
+        setattr(self._position, name, value)
     return property(get, put)
 
 
@@ -161,54 +174,34 @@ class DataLoader:
                  output=None, worker_seeding="batch", prefetch_factor=None,
                  persistent_workers=True, pin_memory=False, pin_memory_device="",
                  generator=None, device_queue=None, async_transfer=False):
+        # The arguments whole, by name (this must stay the first statement):
+        # check_options gives each to the checker of its concern.
+        arguments = dict(locals())
+        for name in ("self", "dataset", "device_queue", "async_transfer"):
+            del arguments[name]
         self._closed = True  # until construction succeeds: __del__ must not act
         # Every check (naming the argument, its value and what is expected) and
-        # every resolved default, once.
-        opts = check_options(
-            dataset, batch_size, shuffle, drop_last, num_workers, prefetch, seed, transforms,
-            use_shared_mem, sampler=sampler, batch_sampler=batch_sampler, collate_fn=collate_fn,
-            zero_copy=zero_copy, in_order=in_order, timeout=timeout,
-            worker_init_fn=worker_init_fn, multiprocessing_context=multiprocessing_context,
-            rank=rank, world_size=world_size, output=output, worker_seeding=worker_seeding,
-            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
-            pin_memory=pin_memory, pin_memory_device=pin_memory_device, generator=generator)
+        # every resolved default, once; the loader's public attributes are its
+        # options' (see PUBLIC_ATTRIBUTES).
+        self._options = opts = check_options(dataset, **arguments)
         check_flag("async_transfer", async_transfer)
-        self._options = opts
         self._stats = LoaderStats()
         # How batches reach the caller (output, zero_copy, pin_memory's finishing
         # touch, the output pool, the uploader), handed to every epoch's
         # iterator; the loader's attributes of those names are its.
         self._delivery = Delivery(self._stats)
-        for name in PUBLIC_ATTRIBUTES:
-            setattr(self, name, getattr(opts, name))
-        self._mp_context = opts.mp_context
-        self._distributed = opts.distributed
-        self._batched = opts.batched
+        for name in ("output", "zero_copy", "pin_memory"):
+            setattr(self._delivery, name, getattr(opts.delivery, name))
         self._maker = self._new_maker()
 
-        self._stats.num_workers = opts.num_workers   # what the verdict's advice starts from
-        self._stats.prefetch = opts.prefetch
+        self._stats.num_workers = opts.workers.num_workers  # what the verdict's advice starts from
+        self._stats.prefetch = opts.workers.prefetch
         self._pool = None
         self._pool_dataset = None
-        self._pools_started = 0
-        # The seed generation of the next pool: each pool's workers seed from
-        # (seed, generation), as PyTorch draws new worker seeds for each pool;
-        # part of a state, so that a resumed run's pools seed as the original's.
-        self._generation = 0
-        self._next_epoch = 0
-        self._epoch_from_caller = False  # set_epoch()/load_state_dict() was called: forward it
-        self._resume = None          # (epoch, done_prefix, extra_done) for the next iteration
-        self._stopped = None         # where an iteration left before its end stopped (state_dict)
-        # A Stateful dataset's states (pickled, one per worker) that go with
-        # _resume (to be loaded) and with _stopped (where it stood).
-        self._resume_dataset = None
-        self._stopped_dataset = None
+        # The next epoch, a state to resume, where an iteration stopped, the
+        # running iteration and the next pool's seed generation.
+        self._position = Position()
         self._prestarted = None      # (iterator, config) of the next epoch, started early
-        # (epoch, position): that epoch goes on over the global order from this
-        # position, shared out anew (a state saved under another world_size).
-        self._order_start = None
-        self._active = None          # weakref to the running iterator
-        self._token = 0
         self._prefetcher = None      # fetches remote data ahead (made at the first epoch)
         self._closed = False
 
@@ -226,16 +219,25 @@ class DataLoader:
                           DeprecationWarning, stacklevel=2)
 
     # ------------------------------------------------------------------
-    _resolve_context = staticmethod(resolve_context)
-
     output = _delivery_attribute("output")
     zero_copy = _delivery_attribute("zero_copy")
     pin_memory = _delivery_attribute("pin_memory")
     _uploader = _delivery_attribute("uploader")  # the bound queue's (None: none bound)
 
+    # The position's parts under the names the PyTorch face reads and sets
+    # (torch.py); the loader itself goes through self._position.
+    _next_epoch = _position_attribute("next_epoch")
+    _epoch_from_caller = _position_attribute("epoch_from_caller")
+    _resume = _position_attribute("resume")
+    _stopped = _position_attribute("stopped")
+    _resume_dataset = _position_attribute("resume_dataset")
+    _stopped_dataset = _position_attribute("stopped_dataset")
+    _generation = _position_attribute("generation")
+    _active = _position_attribute("active")
+
     @property
     def multiprocessing_context(self):
-        return self._mp_context
+        return self._options.workers.multiprocessing_context
 
     @property
     def stats(self):
@@ -252,10 +254,10 @@ class DataLoader:
             return iter(self.batch_sampler)
         if self.sampler is not None:
             self._forward_epoch(self.sampler, epoch)
-            if not self._batched:
+            if not self._options.batching.batched:
                 return ([i] for i in self.sampler)
             return group(iter(self.sampler), self.batch_size, self.drop_last)
-        start = self._start_of(epoch)
+        start = self._position.start_of(epoch)
         if start:
             # The rest of the epoch's global order, from where all the ranks of
             # a state saved under another world_size had come together.
@@ -265,12 +267,6 @@ class DataLoader:
             order = epoch_order(self.dataset, len(self.dataset), self.seed, epoch, self.shuffle,
                                 self.rank, self.world_size, self.drop_last)
         return iter(index_batches(order, self.batch_size, self.drop_last))
-
-    def _start_of(self, epoch):
-        """Where ``epoch`` starts in its global order (0 but after a resharded resume)."""
-        if self._order_start is not None and self._order_start[0] == epoch:
-            return self._order_start[1]
-        return 0
 
     def _reshardable(self):
         """Whether a state saved under another world_size can be resumed: the built-in
@@ -295,7 +291,7 @@ class DataLoader:
         # Only once the caller has said which epoch it is (set_epoch or a
         # loaded state): otherwise a sampler's epoch is the caller's business,
         # as in PyTorch, and a set_epoch(k) it made itself must hold.
-        if not self._epoch_from_caller:
+        if not self._position.epoch_from_caller:
             return
         set_epoch = getattr(sampler, "set_epoch", None)
         if callable(set_epoch):
@@ -328,13 +324,7 @@ class DataLoader:
         """
         if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
-        self._next_epoch = int(epoch)
-        self._epoch_from_caller = True
-        if self._resume is not None and self._resume[0] != epoch:
-            self._resume = self._resume_dataset = None
-        if self._resume is None:
-            self._order_start = None  # the epoch runs whole
-        self._stopped = self._stopped_dataset = None
+        self._position.set_epoch(epoch)
 
     # -- resume --------------------------------------------------------------
     def state_dict(self):
@@ -353,69 +343,25 @@ class DataLoader:
         worker (with ``num_workers=0``, the dataset's state now).  The state is
         JSON-serialisable where the dataset's own state is.
         """
-        it = self._active() if self._active is not None else None
-        datasets = None
-        if self._resume is not None:
-            # A loaded state wins over an old iterator still alive: it is
-            # where the next iteration starts.
-            epoch, prefix, extra = self._resume
-            extra = sorted(extra)
-            datasets = self._resume_dataset
-        elif it is not None and not it.finished:
-            epoch, prefix, extra = it.epoch, it.done_prefix, sorted(it.done_extra)
-            if it.dataset_states is not None:
-                datasets = it.dataset_states.snapshot(it.pending)
-        elif self._stopped is not None:
-            epoch, prefix, extra = self._stopped
-            extra = sorted(extra)
-            datasets = self._stopped_dataset
-        else:
-            epoch, prefix, extra = self._next_epoch, 0, []
-            if self._pool is not None and self._pool.alive and self._pool.stateful:
-                datasets = self._pool.dataset_states  # where its workers stand
-        state = {"version": STATE_VERSION, "epoch": int(epoch), "batches_done": int(prefix),
-                 "extra_done": [int(x) for x in extra], **self._state_config(),
-                 "worker_generation": self._state_generation(it)}
-        if self._reshardable():
-            # How much of the epoch's global order all ranks together consumed
-            # (they move in step): what a loader with another world_size goes
-            # on from.
-            start = self._start_of(epoch)
-            state["order_start"] = int(start)
-            state["samples_done"] = int(start + prefix * self.batch_size * self.world_size)
-        if self._keeps_dataset_state():
-            if self.num_workers == 0 and datasets is None:
-                datasets = [dataset_state(self.dataset)]
-            if datasets is None:
-                datasets = [None] * self.num_workers  # workers not started: their first state
-            state["dataset_state"] = {
-                "num_workers": self.num_workers,
-                "workers": [None if s is None else pickle.loads(s) for s in datasets]}
-        # A dataset whose order is made from more than its length (a text
-        # Mixture: its weights by position) saves that too, to be given back
-        # at load (_netcl_load_state_dict).
-        own = getattr(self.dataset, "_netcl_state_dict", None)
-        if callable(own) and not self.iterable:
-            state["dataset_order"] = own()
-        return state
+        return self._position.state_dict(self._state_shape(), self._live_pool())
 
-    def _state_generation(self, it):
-        """The seed generation of the pool the state's iteration runs on (for a state
-        at the next epoch: the pool that epoch will run on)."""
-        pool = self._pool if self._pool is not None and self._pool.alive else None
-        if self._resume is None and it is not None and not it.finished and it.pool is not None:
-            return it.pool.generation
-        if pool is not None:
-            return pool.generation
-        if self._resume is None and self._stopped is not None and self._pools_started:
-            return self._generation - 1  # the pool it stopped on, ended since
-        return self._generation
+    def _live_pool(self):
+        return self._pool if self._pool is not None and self._pool.alive else None
 
-    def _state_config(self):
-        """The part of a state that says which loader it fits (checked at load)."""
-        return {"seed": self.seed, "dataset_len": length_or_none(self.dataset),
-                "batch_size": self.batch_size, "drop_last": self.drop_last,
-                "shuffle": self.shuffle, "world_size": self.world_size, "rank": self.rank}
+    def _state_shape(self):
+        """What this loader's states are saved from and checked against."""
+        try:
+            n_batches = len(self)
+        except TypeError:  # an iterable dataset without a length: resumed by replay
+            n_batches = None
+        # The part of a state that says which loader it fits (checked at load).
+        config = {"seed": self.seed, "dataset_len": length_or_none(self.dataset),
+                  "batch_size": self.batch_size, "drop_last": self.drop_last,
+                  "shuffle": self.shuffle, "world_size": self.world_size, "rank": self.rank}
+        return StateShape(config, n_batches, self.iterable, self._reshardable(),
+                          len(self.dataset) if not self.iterable else 0, self.batch_size,
+                          self.world_size, self.num_workers, self._keeps_dataset_state(),
+                          self.dataset)
 
     def _keeps_dataset_state(self):
         """A map-style dataset with torchdata's ``Stateful`` protocol: its state is
@@ -448,88 +394,29 @@ class DataLoader:
         dataset that orders its own shards, or out-of-order batches done past
         the position (``in_order=False``).
         """
-        try:
-            n_batches = len(self)
-        except TypeError:  # an iterable dataset without a length: resumed by replay
-            n_batches = None
-        mine = self._state_config()
-        theirs = state.get("world_size") if isinstance(state, dict) else None
-        reshard = (theirs != self.world_size and isinstance(theirs, int)
-                   and not isinstance(theirs, bool) and theirs >= 1 and self._reshardable())
-        if reshard:
-            # Saved under another world_size: checked as that loader's state,
-            # then resumed from the global position its ranks had reached.
-            mine = {**mine, "world_size": theirs}
-            n_batches = num_batches(shard_length(len(self.dataset), theirs, self.drop_last),
-                                    self.batch_size, self.drop_last)
-        epoch, prefix, extra, seed = check_state(state, mine, n_batches, self.iterable)
-        start = state.get("order_start", 0) if self._reshardable() else 0
-        n = len(self.dataset) if not self.iterable else 0
-        if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= n:
-            raise ValueError(f"cannot resume: the state's order_start must be an int in "
-                             f"[0, {n}], got {start!r}")
-        if reshard:
-            if extra:
-                raise ValueError(f"cannot resume with world_size={self.world_size} a state "
-                                 f"saved with world_size={theirs} while batches "
-                                 f"{sorted(extra)} past its position were done out of order "
-                                 f"(in_order=False); save it with in_order=True")
-            start = min(n, start + prefix * self.batch_size * theirs)
-            prefix = 0
-            if start >= n:
-                epoch, start = epoch + 1, 0   # that epoch was done
-        datasets = self._check_dataset_state(state.get("dataset_state"))
-        generation = state.get("worker_generation")  # (checked by check_state; older states lack it)
+        self._position.load_state_dict(state, self._state_shape(), self._prepare_resume)
+
+    def _prepare_resume(self, loaded):
+        """A checked state is about to be resumed: the dataset takes its order, and a
+        pool whose workers seed otherwise ends."""
         # The dataset takes what the state saved of its order (after checking
         # it; True: its order changed, so workers holding the old copy end).
         own = getattr(self.dataset, "_netcl_load_state_dict", None)
-        reordered = bool(own(state)) if callable(own) and not self.iterable else False
+        reordered = bool(own(loaded.state)) if callable(own) and not self.iterable else False
         # Everything is checked: only now does anything change.
         if reordered:
             self._shutdown_pool()
-        if seed != self.seed:
-            self.seed = seed
+        if loaded.seed != self.seed:
+            self.seed = loaded.seed
             self._maker = self._new_maker()
             self._shutdown_pool()  # its workers seed from the old one
-        if generation is not None:
-            if self._pool is not None and self._pool.generation != generation:
+        if loaded.generation is not None:
+            if self._pool is not None and self._pool.generation != loaded.generation:
                 self._shutdown_pool()  # its workers seed from another generation
             if self._pool is None:
-                self._generation = int(generation)
-        self._next_epoch = epoch
-        self._epoch_from_caller = True
-        self._order_start = (epoch, start) if start else None
-        if start:
+                self._position.generation = int(loaded.generation)
+        if loaded.start:
             self._discard_prestarted()  # made over the whole epoch's order
-        self._resume = (epoch, prefix, extra)
-        self._resume_dataset = datasets
-        self._stopped = self._stopped_dataset = None
-
-    def _check_dataset_state(self, saved):
-        """The per-worker dataset states of a loaded state, pickled (None: none saved);
-        ValueError naming what does not fit."""
-        if saved is None:
-            return None
-        if (not isinstance(saved, dict) or not isinstance(saved.get("workers"), (list, tuple))
-                or not isinstance(saved.get("num_workers"), int)
-                or len(saved["workers"]) != max(1, saved["num_workers"])):
-            raise ValueError(f"cannot resume: the state's dataset_state must be a dict with "
-                             f"num_workers and one state per worker (from state_dict()), got "
-                             f"{saved!r:.200}")
-        if not self._keeps_dataset_state():
-            raise ValueError(f"cannot resume: the state holds the state of a dataset with "
-                             f"state_dict/load_state_dict, but this loader's dataset "
-                             f"({type(self.dataset).__name__}) has none to load it")
-        if saved["num_workers"] != self.num_workers:
-            raise ValueError(f"cannot resume: the state holds the dataset's state of each of "
-                             f"num_workers={saved['num_workers']} workers, but this loader has "
-                             f"num_workers={self.num_workers}; resume with the same num_workers")
-        try:
-            return [None if s is None else pickle.dumps(s, pickle.HIGHEST_PROTOCOL)
-                    for s in saved["workers"]]
-        except Exception as exc:
-            raise ValueError(f"cannot resume: the state's dataset_state does not pickle "
-                             f"(it goes to the workers by value): {exc}") from exc
 
     # -- GPU -------------------------------------------------------------------
     def bind_queue(self, queue, *, allocator=None):
@@ -571,7 +458,7 @@ class DataLoader:
         self._delivery.bind(Uploader(queue, allocator=allocator))
 
     def _finish_uploads(self):
-        it = self._active() if self._active is not None else None
+        it = self._position.running()
         if it is not None:
             it._wait_uploads()
 
@@ -580,27 +467,32 @@ class DataLoader:
         if self._pool is not None and (self._pool_dataset is not self.dataset or not self._pool.alive):
             self._shutdown_pool()
         if self._pool is None:
-            if self._pools_started:
+            if self._position.pools_started:
                 self._stats.worker_restarts += 1
             # Workers fork with no thread of this package's running: the
             # object-store loop stops for the start (Pool is made nowhere else).
             with stores_paused():
-                self._pool = Pool(self)
+                config = WorkerConfig.of(self._options, generation=self._position.generation,
+                                         torch_rules=self._tuples_as_lists,
+                                         dataset_state=self._keeps_dataset_state())
+                self._pool = Pool(self._options, config, self._stats)
             self._pool_dataset = self.dataset
-            self._pools_started += 1
-            self._generation += 1
+            self._position.pool_started()
         return self._pool
 
     def _new_maker(self):
-        return BatchMaker(self.dataset, self.collate_fn, self.transforms, self._batched,
-                          self.batch_size, self.drop_last, self.iterable, self.worker_seeding,
-                          self.seed, self.rank if self._distributed else None,
-                          self._tuples_as_lists)
+        opts = self._options
+        return BatchMaker(opts.dataset, opts.iterable, opts.batching,
+                          seeding=opts.workers.worker_seeding, base_seed=opts.order.seed,
+                          rank=opts.order.rank if opts.order.distributed else None,
+                          torch_rules=self._tuples_as_lists)
 
     def _shutdown_pool(self):
         pool, self._pool = self._pool, None
         if pool is not None:
-            it = self._active() if self._active is not None else None
+            # Not alive from here: its iteration's cleanup leaves its slots alone.
+            pool.alive = False
+            it = self._position.running()
             if it is not None and it.pool is pool and not it.finished:
                 it._abandon()  # it cannot go on without its pool
             pool.close()
@@ -623,24 +515,36 @@ class DataLoader:
     _torch_errors = False
 
     # -- what an epoch's iterator asks of its loader ----------------------------
-    def _new_token(self):
-        """The token of a new iteration: workers skip tasks of any other."""
-        self._token = (self._token + 1) & 0xFFFFFFFF
-        return self._token
+    def _new_iterator(self, epoch, prefix, extra, prestarted=False, dataset_states=None):
+        """An :class:`EpochIterator` of ``epoch`` with this loader's collaborators.
+
+        A handed-out iterator holds the loader (through ``on_end``), so that a
+        loader only its iterator refers to lives on until the epoch ends; one
+        started early holds it weakly until it is handed out.
+        """
+        on_end, length = self._epoch_over, self.__len__
+        if prestarted:
+            on_end, length = _weakly(on_end), _weakly(length)
+        return EpochIterator(
+            epoch, prefix, extra, options=self._options,
+            batches=None if self.iterable else self._batches(epoch), get_pool=self._get_pool,
+            gate=self._gate, position=self._position, stats=self._stats,
+            delivery=self._delivery, maker=self._maker, on_end=on_end, length=length,
+            torch_errors=self._torch_errors, prestarted=prestarted,
+            dataset_states=dataset_states)
 
     def _epoch_over(self, it, completed):
         """Iterator ``it`` has ended: ``completed`` (its last batch delivered) starts the
         next epoch's first tasks now; otherwise where it stopped is kept for
         :meth:`state_dict`.  Either way a pool that is not persistent ends."""
+        known = None
         if it.dataset_states is not None:
             # What is known, without waiting: where the workers stand now.
             known = it.dataset_states.snapshot()
             if it.pool is self._pool:
                 self._pool.dataset_states = known
         if not completed:
-            self._stopped = (it.epoch, it.done_prefix, set(it.done_extra))
-            if it.dataset_states is not None:
-                self._stopped_dataset = known
+            self._position.stop(it, known)
         self._end_epoch_pool()
         if completed:
             self._prestart(it.epoch + 1)
@@ -653,33 +557,27 @@ class DataLoader:
     def __iter__(self):
         if self._closed:
             raise RuntimeError("this DataLoader is closed")
-        old = self._active() if self._active is not None else None
+        position = self._position
+        old = position.running()
         if old is not None:
             self._end_held(old)
         if self._maker.dataset is not self.dataset:
             self._maker = self._new_maker()  # the caller replaced the dataset
-        if self._resume is not None:
-            epoch, prefix, extra = self._resume
-        else:
-            epoch, prefix, extra = self._next_epoch, 0, set()
-        datasets = self._resume_dataset
+        epoch, prefix, extra, datasets = position.next_iteration()
         fresh = not prefix and not extra and datasets is None
         it = self._take_prestarted(epoch) if fresh else None
         if it is None:
             self._discard_prestarted()
-            stopped = self._stopped
+            stopped = position.stopped
             try:
-                it = EpochIterator(self, epoch, prefix, extra, dataset_states=datasets)
+                it = self._new_iterator(epoch, prefix, extra, dataset_states=datasets)
             except BaseException:
                 # Nothing was consumed: a retried iter() starts this same epoch
                 # (and a loaded state is still to be resumed).
-                self._stopped = stopped
+                position.stopped = stopped
                 raise
         # Only once the iteration exists does the loader move on.
-        self._resume = self._resume_dataset = None
-        self._next_epoch = epoch + 1
-        self._stopped = self._stopped_dataset = None
-        self._active = weakref.ref(it)
+        position.started(it, epoch)
         return it
 
     def _end_held(self, old):
@@ -732,17 +630,16 @@ class DataLoader:
         caller iterates, never earlier.
         """
         if (self._closed or self.num_workers == 0 or self.sampler is not None
-                or self.batch_sampler is not None or self._resume is not None
+                or self.batch_sampler is not None or self._position.resume is not None
                 or self.iterable or not self.persistent_workers
-                or self._next_epoch != epoch or self._pool is None or not self._pool.alive):
+                or self._position.next_epoch != epoch or self._pool is None or not self._pool.alive):
             return
         try:
-            it = EpochIterator(self, epoch, 0, set(), prestarted=True)
+            # Until handed out, the iterator must not keep its loader alive: a loader
+            # dropped by the caller is collected (and closes its pool) at once.
+            it = self._new_iterator(epoch, 0, set(), prestarted=True)
         except Exception:
             return  # the same error comes back, in its place, at the next iter()
-        # Until handed out, the iterator must not keep its loader alive: a loader
-        # dropped by the caller is collected (and closes its pool) at once.
-        it.loader = weakref.proxy(self)
         self._prestarted = (it, self._config_key())
 
     def _take_prestarted(self, epoch):
@@ -757,7 +654,7 @@ class DataLoader:
                 and self._pool is not None and self._pool.alive and not it.finished
                 and all(p.exitcode is None for p in self._pool.procs)):
             it.prestarted = False
-            it.loader = self
+            it.on_end, it.length = self._epoch_over, self.__len__  # (held strongly from now)
             self._stats.begin_epoch(epoch)
             it._last = time.perf_counter()
             return it
@@ -773,7 +670,7 @@ class DataLoader:
         """End the worker pool and free the ring (idempotent; also on ``with`` exit and collection)."""
         if self._closed:
             return
-        old = self._active() if getattr(self, "_active", None) is not None else None
+        old = self._position.running()
         if old is not None:
             old._abandon()
         self._discard_prestarted()
@@ -802,6 +699,34 @@ class DataLoader:
         return (f"DataLoader({type(self.dataset).__name__} of {length_or_none(self.dataset)}, "
                 f"batch_size={self.batch_size}, shuffle={self.shuffle}, num_workers={self.num_workers}, "
                 f"prefetch={self.prefetch}, seed={self.seed})")
+
+
+def _weakly(method):
+    """``method`` called through a weak reference to its object (ReferenceError once it is gone)."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args):
+        bound = ref()
+        if bound is None:
+            raise ReferenceError("the DataLoader of this iteration is gone")
+        return bound(*args)
+    return call
+
+
+def _option_attribute(name):
+    """A loader attribute that is its options' ``name``; assigning it replaces the options."""
+    group = GROUP_OF[name]
+    get = operator.attrgetter("_options." + name if group is None else f"_options.{group}.{name}")
+
+    def put(self, value):
+        self._options = self._options.replaced(name, value)
+    return property(get, put)
+
+
+for _name in PUBLIC_ATTRIBUTES:
+    if _name not in vars(DataLoader):  # (output, zero_copy, pin_memory: the Delivery's)
+        setattr(DataLoader, _name, _option_attribute(_name))
+del _name
 
 
 def _plain_defaults(init):

@@ -40,7 +40,7 @@ from ._errors import LoaderTimeout
 from ._frameworks import TrainerMixin
 from ._options import is_iterable_dataset
 from ._order import epoch_length, epoch_order
-from ._worker import get_worker_info  # re-exported, as torch.utils.data has it
+from ._worker_info import get_worker_info  # re-exported, as torch.utils.data has it
 from .datasets import random_split as _random_split
 
 __all__ = ["DataLoader", "EngineOrderSampler", "LoaderTimeout", "TrainerMixin",

@@ -11,7 +11,7 @@ per sample, so a million files cost a few tens of MB and forked workers
 copy nothing on write.
 
 Randomness (the crop box, the flip) is drawn from the batch's own seed (see
-``_worker.batch_rng``), one vectorised draw per batch: the same
+``netcl_loader.batch_context.batch_rng``), one vectorised draw per batch: the same
 loader seed gives the same images for every ``num_workers``, with
 ``zero_copy`` either way, on the torch face, and after a resume.
 

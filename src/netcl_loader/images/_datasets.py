@@ -11,7 +11,8 @@ import warnings
 
 import numpy as np
 
-from .. import _worker
+from .. import batch_context
+from .._worker_info import get_worker_info
 from ._buffers import _here
 from ._crops import CenterCrop, RandomResizedCrop
 from ._decoders import (MAX_PIXELS, ImageFileError, _compiled_module, _pillow_rgb,
@@ -154,7 +155,7 @@ class _ImageDataset:
     """What the image datasets share: options, draws, the batch fast path, errors."""
 
     #: Fetching draws no number from the global RNGs (the loader need not
-    #: seed them): it draws from the batch's own (_worker.batch_rng).
+    #: seed them): it draws from the batch's own (batch_context.batch_rng).
     _netcl_rng_free = True
     #: The crops a dataset takes (the detection datasets take theirs).
     _CROPS = (RandomResizedCrop, CenterCrop)
@@ -212,7 +213,7 @@ class _ImageDataset:
         # sits inside a wrapper (torch's Subset, ConcatDataset) that calls
         # __getitem__ sample by sample; rows follow in call order, so the
         # samples of a batch differ and every num_workers gives the same.
-        rng = _worker.batch_rng()
+        rng = batch_context.batch_rng()
         cols = self.crop.draws + 1
         if rng is None:
             # Outside a loader's batch: NumPy's global RNG (np.random.seed holds).
@@ -317,7 +318,7 @@ class _ImageDataset:
                     raise
                 self._bad.add(k)
                 continue
-            _worker.count_skipped()
+            batch_context.count_skipped()
             return k
         raise ImageFileError(f"{type(self).__name__}: none of its {n} files could be read as "
                              f"an image (on_error='skip' has nothing to replace "
@@ -588,7 +589,7 @@ class ImageFiles(_ImageDataset):
             # prefetcher before this batch was handed out (or fetched now when
             # read outside a loader, or evicted by another process).
             if units.is_unversioned(i) and i not in units.current and \
-                    _worker.get_worker_info() is None:
+                    get_worker_info() is None:
                 # An HTTP file not asked about at construction, read outside a
                 # loader's batches (a worker's batch was checked by the loader):
                 # its copy in the cache is used once the server says it is current.
