@@ -1,5 +1,5 @@
-"""The detection box oracle (tests/boxes_oracle.py) against Albumentations 2.0.8, then the
-engine's box arithmetic and crop draws against the oracle."""
+"""The detection box oracle (tests/support/boxes_oracle.py) against Albumentations 2.0.8,
+then the engine's box arithmetic and crop draws against the oracle."""
 from __future__ import annotations
 
 import numpy as np

@@ -50,7 +50,7 @@ import textwrap
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOC_FILES = ["README.md"] + sorted(
     os.path.join("docs", f) for f in os.listdir(os.path.join(ROOT, "docs")) if f.endswith(".md"))
 #: Seconds one block may run: the slowest (a Trainer's epoch, a store's
@@ -307,7 +307,8 @@ def _supply(code, supplied, block):
     for name, value in supplied.items():
         pattern = re.compile(rf"^{name} = .*$", re.M)
         assert pattern.search(code), f"{block.id} has no line '{name} = ...' for its setup to supply"
-        code = pattern.sub(f"{name} = {value!r}  # supplied by tests/test_docs.py", code, count=1)
+        code = pattern.sub(f"{name} = {value!r}  # supplied by tests/docs/test_docs.py", code,
+                           count=1)
     return code
 
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
 ACCURACY = re.compile(r"^test accuracy: ([\d.]+)$", re.M)
 EPOCH = re.compile(r"^epoch +(\d+)/(\d+): loss ([\d.]+)$", re.M)
 RUN_SECONDS = 300

@@ -12,7 +12,8 @@ import pytest
 from netcl_loader import ArrayDataset, DataLoader
 from netcl_loader.distributed import LAUNCHERS, from_env
 
-HERE = Path(__file__).resolve().parent
+#: The support modules, mpi_shard_check.py among them.
+SUPPORT = Path(__file__).resolve().parents[1] / "support"
 #: Seconds the whole mpirun may take (4 ranks of 2 workers each on 2 cores).
 MPIRUN_TIMEOUT_SECONDS = 120
 ALL_VARS = [v for _, r, s in LAUNCHERS for v in (r, s)]
@@ -251,7 +252,7 @@ OPEN_MPI_LOCAL = {
 
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_shards_under_mpirun(drop_last):
-    cmd = _mpirun() + [sys.executable, str(HERE / "mpi_shard_check.py"), "--n", "103",
+    cmd = _mpirun() + [sys.executable, str(SUPPORT / "mpi_shard_check.py"), "--n", "103",
                        "--batch-size", "5", "--epochs", "2", "--workers", "2", "--seed", "7",
                        "--hang-seconds", str(MPIRUN_TIMEOUT_SECONDS // 2)]
     if drop_last:

@@ -233,7 +233,7 @@ def test_worker_exception_arrives_with_type_traceback_and_indices(tmp_path, wher
             next(it)
         msg = str(info.value)
         assert "marker-xyzzy" in msg, msg
-        assert "Traceback" in msg and "test_adversity.py" in msg, msg
+        assert "Traceback" in msg and "test_errors.py" in msg, msg
         assert "[6, 7, 8]" in msg, msg
         assert got == [[0, 1, 2], [3, 4, 5]]
         # The loader stays usable: the next epoch is complete.
@@ -357,7 +357,7 @@ def test_timeout_holds_for_batches_that_come_by_pipe():
     pickle for a pipe never goes by pipe: it is pickled into the slot's record (no time), and
     its batch arrives."""
     code = """
-        from test_adversity import late_on_the_pipe, sleeps_in_collate
+        from test_errors import late_on_the_pipe, sleeps_in_collate
         for name, fn in (("collate", sleeps_in_collate), ("pickle", late_on_the_pipe)):
             for shm in (True, False):
                 dl = DataLoader(Slow(8, seconds=0), batch_size=2, shuffle=False, num_workers=1,
@@ -459,7 +459,7 @@ def test_os_exit_of_a_worker_gives_worker_error_with_the_exit_code():
     code = """
         import os, time
         from netcl_loader import DataLoader, WorkerError
-        from test_adversity import exit_at_five
+        from test_errors import exit_at_five
         dl = DataLoader(Slow(12, seconds=0.0), batch_size=2, shuffle=False, num_workers=2,
                         collate_fn=exit_at_five, timeout=30)
         it = iter(dl)

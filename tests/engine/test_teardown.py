@@ -121,7 +121,7 @@ def test_collected_loader_ends_its_workers():
 # -- the main process SIGKILLed, watched from a subreaper: its workers gone within 5 s --
 #
 # Each program prints its workers' pids and then KILL, at the moment it is to
-# die; the launcher (tests/procs.py) kills it then, and, being the orphans'
+# die; the launcher (tests/support/procs.py) kills it then, and, being the orphans'
 # new parent, times each one's exit and looks for the ring in their maps.
 
 #: The program of each case: {M} is the start method.

@@ -1,6 +1,6 @@
 """netcl_loader.images: torchvision's folder rules, loader semantics, crops and bad files.
 
-Test images are JPEGs made from scikit-learn's sample photos (tests/images_util.py).
+Test images are JPEGs made from scikit-learn's sample photos (tests/support/images_util.py).
 """
 import io
 import json

@@ -6,7 +6,7 @@ on the same data: what each rank sees, which loader class ran (ours, with its
 engine: its stats count the batches it made), the gradient-sync sequence, what
 a resumed run yields.  Multi-process runs (Lightning's ``ddp`` and
 ``ddp_spawn`` on 2 CPU processes with gloo) and the framework runs that keep
-global state run in a child interpreter with a timeout (tests/procs.py).
+global state run in a child interpreter with a timeout (tests/support/procs.py).
 """
 import json
 import os

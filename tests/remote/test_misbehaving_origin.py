@@ -1,4 +1,4 @@
-"""Object storage against a misbehaving HTTP origin (tests/fault_http.py): answers
+"""Object storage against a misbehaving HTTP origin (tests/support/fault_http.py): answers
 without a size, ranges answered with other bytes, bodies longer than asked.
 
 Each server is a real one on 127.0.0.1 serving real bytes; a loader that
@@ -16,7 +16,6 @@ import textwrap
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
 from fault_http import FaultHTTP  # noqa: E402
 from images_util import make_jpegs  # noqa: E402
 

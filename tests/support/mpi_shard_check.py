@@ -1,6 +1,6 @@
 """Run under an MPI launcher: every rank loads its shard, rank 0 checks them all together.
 
-    mpirun -np 4 python tests/mpi_shard_check.py --n 103 --batch-size 5 [--drop-last]
+    mpirun -np 4 python tests/support/mpi_shard_check.py --n 103 --batch-size 5 [--drop-last]
 
 Each rank takes ``(rank, world_size)`` from ``netcl_loader.distributed.from_env()``
 (not from MPI), iterates ``--epochs`` epochs with ``--workers`` worker

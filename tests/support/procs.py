@@ -29,7 +29,12 @@ CHILD_TIMEOUT_SECONDS = 60
 WATCH_SECONDS = EXIT_WAIT_SECONDS + 3.0
 
 SRC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(netcl_loader.__file__)))
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+#: This folder: the support modules, imported by their bare names.
+SUPPORT_DIR = os.path.dirname(os.path.abspath(__file__))
+#: Every folder that holds test modules: a child program may import one by its
+#: bare name (``from test_errors import exit_at_five``); the basenames are unique.
+TEST_DIRS = sorted(d for d, _, files in os.walk(os.path.dirname(SUPPORT_DIR))
+                   if any(f.startswith("test_") and f.endswith(".py") for f in files))
 
 #: What every child program starts with (its own imports follow).
 PRELUDE = """\
@@ -164,10 +169,12 @@ class SlowAfter:
 # -- child programs ----------------------------------------------------------------
 
 def child_env():
-    """The environment of a child program: it imports the package and this folder."""
+    """The environment of a child program: it imports the package, the support modules
+    and the test modules."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
-        [SRC_DIR, TESTS_DIR] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        [SRC_DIR, SUPPORT_DIR, *TEST_DIRS]
+        + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.pop("PYTHONWARNINGS", None)
     return env
 

@@ -672,7 +672,7 @@ def test_docs_language_model_page_runs(tmp_path, monkeypatch):
     pytest.importorskip("transformers")
     import pathlib
     import re
-    page = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "text.md").read_text()
+    page = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "text.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", page, re.S)
     assert len(blocks) == 2
     monkeypatch.chdir(tmp_path)

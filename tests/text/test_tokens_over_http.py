@@ -6,7 +6,7 @@ pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
 
 from remote_util import Nginx  # noqa: E402
-from test_text import EOS, make_docs, write_bin, write_megatron  # noqa: E402
+from test_tokens import EOS, make_docs, write_bin, write_megatron  # noqa: E402
 
 import netcl_loader  # noqa: E402
 from netcl_loader.text import TokenFiles  # noqa: E402

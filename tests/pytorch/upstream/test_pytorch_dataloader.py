@@ -1884,8 +1884,8 @@ except RuntimeError as e:
 
     @unittest.skip("a slowTest in PyTorch (2.5 min, run only with PYTORCH_TEST_WITH_SLOW=1) that "
                    "kills loader and worker processes found through PyTorch's iterator internals "
-                   "(_workers); this loader's teardown and kill cases are tests/test_teardown.py "
-                   "and tests/test_adversity.py")
+                   "(_workers); this loader's teardown and kill cases are "
+                   "tests/engine/test_teardown.py and tests/engine/test_errors.py")
     def test_proper_exit(self):
         pass
 
