@@ -23,6 +23,7 @@ and no database is kept, so a run is reproducible.
 import numpy as np
 import pytest
 
+from compare import assert_same
 from netcl_loader import DataLoader
 from netcl_loader._collate import collate
 from netcl_loader._ring import Segment
@@ -180,35 +181,6 @@ def reference(spec, samples):
     if kind in ("int", "float", "bool"):
         return np.array(samples, {"int": np.int64, "float": np.float64, "bool": np.bool_}[kind])
     return list(samples)
-
-
-def assert_same(got, want, path="batch"):
-    """Same structure and types; arrays and tensors of the same dtype, shape and bytes."""
-    if isinstance(want, np.ndarray):
-        assert type(got) is np.ndarray, (path, type(got))
-        assert got.dtype == want.dtype, (path, got.dtype, want.dtype)
-        assert got.shape == want.shape, (path, got.shape, want.shape)
-        if want.dtype.hasobject:
-            assert got.tolist() == want.tolist(), path
-        else:
-            assert got.tobytes() == want.tobytes(), path
-    elif torch is not None and isinstance(want, torch.Tensor):
-        assert isinstance(got, torch.Tensor), (path, type(got))
-        assert got.dtype == want.dtype and got.shape == want.shape, (path, got, want)
-        bits = [t.contiguous().reshape(-1).view(torch.uint8) for t in (got, want)]
-        assert torch.equal(*bits), path
-    elif isinstance(want, dict):
-        assert type(got) is type(want), (path, type(got))
-        assert list(got) == list(want), path
-        for k in want:
-            assert_same(got[k], want[k], f"{path}[{k!r}]")
-    elif isinstance(want, (tuple, list)):
-        assert type(got) is type(want), (path, type(got))
-        assert len(got) == len(want), path
-        for i, (g, w) in enumerate(zip(got, want)):
-            assert_same(g, w, f"{path}[{i}]")
-    else:
-        assert type(got) is type(want) and got == want, (path, got, want)
 
 
 # -- strategies --------------------------------------------------------------

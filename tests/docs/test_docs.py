@@ -249,14 +249,14 @@ def _token_file(folder):
 
 @setup("wider", needs=["PIL", "torch"])
 def _wider(folder):
-    from test_detection_readers import make_wider
+    from detection_trees import make_wider
     make_wider(os.path.join(folder, "WIDER"), split="train")
     yield Setup()
 
 
 @setup("coco", needs=["PIL", "torch"])
 def _coco(folder):
-    from test_detection_readers import make_coco
+    from detection_trees import make_coco
     root = os.path.join(folder, "coco")
     make_coco(root)
     os.rename(os.path.join(root, "images"), os.path.join(root, "train2017"))

@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 
+import procs
 from netcl_loader import ArrayDataset, DataLoader, LoaderStats, WorkerError
 from netcl_loader._stats import judge
 
@@ -204,18 +205,11 @@ from netcl_loader._stats import (LOADER_BOUND_FRACTION, RECENT_BATCHES,  # noqa:
 SLEEP_SLACK_SECONDS = 0.004
 
 
-def _burn(seconds):
-    """Spend ``seconds`` of this thread's CPU time (a known CPU cost, unlike a sleep)."""
-    end = time.thread_time() + seconds
-    while time.thread_time() < end:
-        pass
-
-
 class _CpuSamples(_SlowSamples):
     """``__getitem__`` computes for ``delay`` seconds of CPU: more workers than CPUs cannot help."""
 
     def __getitem__(self, i):
-        _burn(self.delay)
+        procs.burn(self.delay)
         return np.full(4, i, np.float32)
 
 
@@ -240,7 +234,7 @@ class _CpuCollate(_SleepyCollate):
     """A ``collate_fn`` that computes for ``delay`` seconds of CPU, then stacks."""
 
     def __call__(self, samples):
-        _burn(self.delay)
+        procs.burn(self.delay)
         return _stack(samples)
 
 

@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 
+import procs
 import netcl_loader
 from netcl_loader import ArrayDataset
 from netcl_loader._stats import available_cpus
@@ -16,12 +17,6 @@ from netcl_loader.tune import Trial, TuneResult, tune
 #: Short trials: the answers below differ by 2x or more, which this sees.
 FAST = dict(max_batches=60, max_seconds=0.3, verbose=False)
 RUN_SECONDS = 120
-
-
-def _burn(seconds):
-    end = time.thread_time() + seconds
-    while time.thread_time() < end:
-        pass
 
 
 class _CpuSamples:
@@ -34,7 +29,7 @@ class _CpuSamples:
         return self.n
 
     def __getitem__(self, i):
-        _burn(self.cost)
+        procs.burn(self.cost)
         return np.full(4, i, np.float32)
 
 

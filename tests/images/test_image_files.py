@@ -20,6 +20,7 @@ pytest.importorskip("sklearn", reason="test images are made from scikit-learn's 
 
 from PIL import Image  # noqa: E402
 
+from compare import assert_same_pairs  # noqa: E402
 from images_util import encode_jpeg, make_jpegs, photo_region  # noqa: E402
 from netcl_loader import DataLoader, Subset  # noqa: E402
 from netcl_loader.images import (DECODER_ENV, IMG_EXTENSIONS, CenterCrop,  # noqa: E402
@@ -54,13 +55,6 @@ def folder(tmp_path_factory):
 
 def batches(loader):
     return [(np.array(x), np.array(y)) for x, y in loader]
-
-
-def assert_same(a, b):
-    assert len(a) == len(b)
-    for (xa, ya), (xb, yb) in zip(a, b):
-        np.testing.assert_array_equal(ya, yb)
-        np.testing.assert_array_equal(xa, xb)
 
 
 # --------------------------------------------------------------------------
@@ -181,7 +175,7 @@ def test_same_batches_for_every_num_workers_and_delivery(folder):
     assert ref[0][0].shape == (5, 3, 48, 48) and ref[0][0].dtype == np.float32
     assert ref[0][1].dtype == np.int64
     for key, got in runs.items():
-        assert_same(got, ref)
+        assert_same_pairs(got, ref)
     # Random, not constant: epochs differ, and so do two seeds.
     assert not np.array_equal(ref[0][0], ref[len(ref) // 2][0])
     with DataLoader(ds, batch_size=5, shuffle=True, seed=12) as dl:
@@ -200,7 +194,7 @@ def test_same_batches_on_the_torch_face(folder):
         got = list(dl)
         assert isinstance(got[0][0], torch.Tensor) and got[0][0].dtype == torch.uint8
         assert got[0][1].dtype == torch.int64
-        assert_same([(x.numpy(), y.numpy()) for x, y in got], ref)
+        assert_same_pairs([(x.numpy(), y.numpy()) for x, y in got], ref)
 
 
 def test_torch_wrappers_keep_the_batch_seed(folder):
@@ -219,10 +213,10 @@ def test_torch_wrappers_keep_the_batch_seed(folder):
         runs = [[(x.numpy(), y.numpy()) for x, y in
                  TorchLoader(wrapped, batch_size=6, num_workers=nw, seed=5)]
                 for nw in (0, 2)]
-        assert_same(runs[1], runs[0])
+        assert_same_pairs(runs[1], runs[0])
         if isinstance(wrapped, TorchSubset):
             # Through __getitems__: the unwrapped dataset's batches.
-            assert_same(runs[0], plain)
+            assert_same_pairs(runs[0], plain)
     # ConcatDataset fetches sample by sample: the same file twice in one batch
     # gets two different draws, not the batch's first row twice.
     sampler = [0, n] * 3
@@ -245,7 +239,7 @@ def test_collate_fn_path_and_getitem_match_the_batch_rows(folder):
         return (np.stack([s[0] for s in samples]), np.array([s[1] for s in samples]))
     with DataLoader(ds, batch_size=4, shuffle=True, seed=7, num_workers=2,
                     collate_fn=stack) as dl:
-        assert_same(batches(dl), ref)
+        assert_same_pairs(batches(dl), ref)
     # Outside a loader: NumPy's global RNG, ds[i] is row 0 of the batch [i].
     np.random.seed(5)
     x, y = ds[3]
@@ -258,7 +252,7 @@ def test_collate_fn_path_and_getitem_match_the_batch_rows(folder):
     with DataLoader(sub, batch_size=4, seed=7, num_workers=2) as dl:
         a = batches(dl)
     with DataLoader(sub, batch_size=4, seed=7) as dl:
-        assert_same(batches(dl), a)
+        assert_same_pairs(batches(dl), a)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -273,10 +267,10 @@ def test_exact_resume_mid_epoch(folder, num_workers):
         it = iter(dl)
         head = [tuple(np.array(v) for v in next(it)) for _ in range(2)]
         state = json.dumps(dl.state_dict())
-    assert_same(head, full[:2])
+    assert_same_pairs(head, full[:2])
     with DataLoader(ds, **kw) as dl:
         dl.load_state_dict(json.loads(state))
-        assert_same(batches(dl), full[2:])
+        assert_same_pairs(batches(dl), full[2:])
 
 
 def write_shards(ds, folder_root, out, per_shard):
@@ -308,7 +302,7 @@ def test_tar_shards_give_what_the_folder_gives(folder, tmp_path):
     for nw in (0, 2):
         with DataLoader(ds, batch_size=5, shuffle=True, seed=4, num_workers=nw) as a, \
                 DataLoader(tar, batch_size=5, shuffle=True, seed=4, num_workers=nw) as b:
-            assert_same(batches(b), batches(a))
+            assert_same_pairs(batches(b), batches(a))
     # The cached index is used, and rebuilt when the shard changes or the
     # cache is damaged.
     again = TarImages(shards, crop=RandomResizedCrop(36))
@@ -1085,7 +1079,7 @@ def test_a_truncated_jpeg_is_found_by_every_crop(tmp_path, monkeypatch, cut):
         ref = batches(dl)
         assert dl.stats.skipped == 12
     with DataLoader(ds, num_workers=2, **kw) as dl:
-        assert_same(batches(dl), ref)
+        assert_same_pairs(batches(dl), ref)
         assert dl.stats.skipped == 12
     assert (np.concatenate([y for _, y in ref]) != 0).all()
 
@@ -1195,7 +1189,7 @@ def test_spawned_workers_make_the_same_batches(folder):
         ref = batches(dl)
     with DataLoader(ds, batch_size=6, shuffle=True, seed=2, num_workers=2,
                     multiprocessing_context="spawn") as dl:
-        assert_same(batches(dl), ref)
+        assert_same_pairs(batches(dl), ref)
 
 
 def test_a_mean_or_std_on_the_0_255_scale_warns_once_naming_the_0_1_scale(folder):

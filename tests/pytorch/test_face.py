@@ -26,6 +26,8 @@ torch = pytest.importorskip("torch", reason="the PyTorch face and tensor batches
                                             "(pip install torch; the 'bench' extra has it)")
 from torch.utils import data as tud  # noqa: E402
 
+from compare import assert_same  # noqa: E402
+
 import netcl_loader  # noqa: E402
 from netcl_loader import DataLoader as NetclLoader  # noqa: E402
 from netcl_loader.torch import DataLoader as TorchLoader  # noqa: E402
@@ -42,30 +44,6 @@ WORKERS = [0, 1, 2, 3]
 
 
 # -- comparing batches ----------------------------------------------------------
-
-def assert_same(got, want, path="batch"):
-    """``got`` equals ``want`` recursively: container types, keys, tensor dtypes, shapes, values."""
-    assert type(got) is type(want), (f"{path}: {type(got).__name__} instead of "
-                                     f"{type(want).__name__} ({got!r} vs {want!r})")
-    if isinstance(want, torch.Tensor):
-        assert got.dtype == want.dtype, f"{path}: dtype {got.dtype} instead of {want.dtype}"
-        assert got.shape == want.shape, (f"{path}: shape {tuple(got.shape)} instead of "
-                                         f"{tuple(want.shape)}")
-        assert torch.equal(got, want), f"{path}: values differ:\n{got}\n{want}"
-    elif isinstance(want, np.ndarray):
-        assert got.dtype == want.dtype, f"{path}: dtype {got.dtype} instead of {want.dtype}"
-        np.testing.assert_array_equal(got, want, err_msg=path)
-    elif isinstance(want, dict):
-        assert list(got) == list(want), f"{path}: keys {list(got)} instead of {list(want)}"
-        for k in want:
-            assert_same(got[k], want[k], f"{path}[{k!r}]")
-    elif isinstance(want, (list, tuple)):
-        assert len(got) == len(want), f"{path}: {len(got)} items instead of {len(want)}"
-        for i, (g, w) in enumerate(zip(got, want)):
-            assert_same(g, w, f"{path}[{i}]")
-    else:
-        assert got == want, f"{path}: {got!r} instead of {want!r}"
-
 
 def assert_same_batches(got, want):
     assert len(got) == len(want), f"{len(got)} batches instead of {len(want)}"

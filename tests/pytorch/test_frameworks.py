@@ -8,20 +8,13 @@ a resumed run yields.  Multi-process runs (Lightning's ``ddp`` and
 ``ddp_spawn`` on 2 CPU processes with gloo) and the framework runs that keep
 global state run in a child interpreter with a timeout (tests/support/procs.py).
 """
-import json
-import os
-import signal
-import subprocess
-import sys
-import tempfile
-import textwrap
-
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="the PyTorch face needs torch")
 from torch.utils import data as tud  # noqa: E402
 
+from compare import assert_same  # noqa: E402
 import procs  # noqa: E402
 from netcl_loader.torch import DataLoader as TorchLoader  # noqa: E402
 
@@ -36,27 +29,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:User
 def _need(module):
     return pytest.importorskip(module, reason=f"the framework tests need {module} "
                                               f"(pip install torch==2.13.0 {module})")
-
-
-def run_program(code, *args):
-    """Run ``code`` in a child interpreter (its own session: on a timeout every process
-    it started, ranks and workers, is killed); the JSON it printed after ``RESULT=``."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = procs.write_program(tmp, textwrap.dedent(code))
-        child = subprocess.Popen([sys.executable, path, *args], stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True, env=procs.child_env(),
-                                 cwd=tmp, start_new_session=True)
-        try:
-            stdout, stderr = child.communicate(timeout=FRAMEWORK_TIMEOUT_SECONDS)
-        except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
-            stdout, stderr = child.communicate()
-            pytest.fail(f"child program ran past {FRAMEWORK_TIMEOUT_SECONDS} s:\n"
-                        f"{stdout[-3000:]}\n{stderr[-6000:]}")
-    out = procs.results(stdout)
-    assert child.returncode == 0 and "RESULT" in out, (
-        f"child program failed (exit {child.returncode}):\n{stdout[-3000:]}\n{stderr[-6000:]}")
-    return json.loads(out["RESULT"]), stderr
 
 
 #: What the Lightning programs share: a dataset whose sample i is (four i's, i),
@@ -179,7 +151,7 @@ print("RESULT=" + json.dumps(result))
 
 def test_lightning_fit_on_one_device_with_workers_validation_and_predict():
     _need("lightning")
-    got, _ = run_program(ONE_DEVICE)
+    got, _ = procs.run_program(ONE_DEVICE, timeout=FRAMEWORK_TIMEOUT_SECONDS)
     for name in ("torch", "ours"):
         seen = got[name]["seen"]
         # Every sample once per epoch (the shuffled orders differ by design).
@@ -248,7 +220,7 @@ def test_lightning_ddp_each_rank_sees_what_pytorchs_loader_gives_it(strategy):
     the 2 ranks sees the same samples in the same order as with PyTorch's loader, and the
     loader that ran is ours (its engine made the batches, its seed and transforms kept)."""
     _need("lightning")
-    ranks, _ = run_program(DISTRIBUTED, strategy)
+    ranks, _ = procs.run_program(DISTRIBUTED, strategy, timeout=FRAMEWORK_TIMEOUT_SECONDS)
     per_rank = []
     for r, rec in enumerate(ranks):
         ours = rec["loaders"]["ours"]
@@ -284,7 +256,7 @@ def test_lightning_one_loader_for_training_and_mid_epoch_validation():
     iterates the loader while its training epoch is unfinished.  PyTorch's loader runs
     both; so does ours (the training epoch was cut short at the first validation)."""
     _need("lightning")
-    got, _ = run_program(ONE_LOADER_TWO_ROLES)
+    got, _ = procs.run_program(ONE_LOADER_TWO_ROLES, timeout=FRAMEWORK_TIMEOUT_SECONDS)
     for name in ("torch", "ours"):
         train = _epochs(got[name]["train"], 2)
         assert [sorted(e) for e in train] == [list(range(N))] * 2, name
@@ -329,7 +301,7 @@ def test_lightning_ddp_with_a_loader_sharded_by_hand_and_two_fits_in_a_row():
     sharding to that sampler (it refused the pair before: 'pass neither rank nor
     world_size').  Each rank sees what PyTorch's loader gives it, in both of two fits."""
     _need("lightning")
-    fits, _ = run_program(SHARDED_BY_HAND)
+    fits, _ = procs.run_program(SHARDED_BY_HAND, timeout=FRAMEWORK_TIMEOUT_SECONDS)
     for k, ranks in enumerate(fits):
         per_rank = []
         for r, rec in enumerate(ranks):
@@ -387,7 +359,7 @@ def test_lightning_resumes_a_mid_epoch_checkpoint_exactly():
     is not: Lightning warns, and the loader starts its order again (the resumed epoch
     repeats the first batches and misses the last ones)."""
     _need("lightning")
-    got, _ = run_program(RESUME)
+    got, _ = procs.run_program(RESUME, timeout=FRAMEWORK_TIMEOUT_SECONDS)
     ours = got["ours"]
     first = _epochs(ours["first"], 2)
     resumed = _epochs(ours["resumed"], 2)
@@ -465,7 +437,7 @@ def test_accelerate_prepare_accumulation_and_skip_first_batches():
     and exactly one warning that says how to keep our engine.  Kept out of prepare(), our
     loader tells Accelerate where its epochs end: the same sync sequence."""
     _need("accelerate")
-    got, _ = run_program(ACCELERATE)
+    got, _ = procs.run_program(ACCELERATE, timeout=FRAMEWORK_TIMEOUT_SECONDS)
     want_syncs = [[False, False, False, True, False, False, True]] * 2
     for w in (0, 2):
         assert got[f"torch-{w}"]["syncs"] == want_syncs  # the oracle
@@ -493,23 +465,6 @@ def _hf_table(n=22):
     rng = np.random.default_rng(0)
     return {"pixels": rng.integers(0, 255, (n, 3, 4), dtype=np.uint8).tolist(),
             "label": list(range(n)), "score": rng.random(n).tolist()}
-
-
-def assert_same(got, want, path="batch"):
-    assert type(got) is type(want), f"{path}: {type(got).__name__} vs {type(want).__name__}"
-    if isinstance(want, torch.Tensor):
-        assert got.dtype == want.dtype and got.shape == want.shape, path
-        assert torch.equal(got, want), path
-    elif isinstance(want, dict):
-        assert list(got) == list(want), path
-        for k in want:
-            assert_same(got[k], want[k], f"{path}[{k!r}]")
-    elif isinstance(want, (list, tuple)):
-        assert len(got) == len(want), path
-        for i, (g, w) in enumerate(zip(got, want)):
-            assert_same(g, w, f"{path}[{i}]")
-    else:
-        assert got == want, path
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

@@ -10,14 +10,6 @@ step, the loader Trainer iterated and its engine's batch count, and can save a
 checkpoint and stop.  The multi-process run is ``torchrun --standalone
 --nproc_per_node 2`` on CPU with gloo.
 """
-import json
-import os
-import signal
-import subprocess
-import sys
-import tempfile
-import textwrap
-
 import pytest
 
 torch = pytest.importorskip("torch", reason="the PyTorch face needs torch")
@@ -34,30 +26,6 @@ N, BATCH, EPOCH_BATCHES, EPOCHS = 96, 8, 12, 3
 def _need(module):
     return pytest.importorskip(module, reason=f"the Trainer tests need {module} "
                                               f"(pip install torch==2.13.0 {module})")
-
-
-def run_program(code, *args, torchrun=False):
-    """Run ``code`` in a child interpreter in its own session (on a timeout every
-    process it started, ranks and workers, is killed), with ``torchrun --standalone
-    --nproc_per_node 2`` when asked; the JSON it printed after ``RESULT=``."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = procs.write_program(tmp, textwrap.dedent(code))
-        launch = ([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   "--nproc_per_node", "2"] if torchrun else [sys.executable])
-        child = subprocess.Popen([*launch, path, *args], stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True, env=procs.child_env(),
-                                 cwd=tmp, start_new_session=True)
-        try:
-            stdout, stderr = child.communicate(timeout=TRAINER_TIMEOUT_SECONDS)
-        except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
-            stdout, stderr = child.communicate()
-            pytest.fail(f"child program ran past {TRAINER_TIMEOUT_SECONDS} s:\n"
-                        f"{stdout[-3000:]}\n{stderr[-6000:]}")
-    out = procs.results(stdout)
-    assert child.returncode == 0 and "RESULT" in out, (
-        f"child program failed (exit {child.returncode}):\n{stdout[-3000:]}\n{stderr[-6000:]}")
-    return json.loads(out["RESULT"])
 
 
 COMMON = """
@@ -199,7 +167,7 @@ def test_trainer_three_epochs_in_one_process_on_the_engine():
     served all three epochs), the loss falls as with Trainer's loader, and evaluate()
     ran on our loader with the batches of Trainer's own."""
     _need("transformers")
-    got = run_program(ONE_PROCESS)
+    got, _ = procs.run_program(ONE_PROCESS, timeout=TRAINER_TIMEOUT_SECONDS)
     for kind in ("torch", "ours"):
         r = got[kind]
         epochs = _epochs(r["seen"], EPOCH_BATCHES)
@@ -256,7 +224,7 @@ def test_trainer_resumes_exactly_on_the_engine(stop, ga):
     with the mixin our engine made every resumed batch (Trainer's skip did not rebuild
     the loader)."""
     _need("transformers")
-    got = run_program(RESUME, str(stop), str(ga))
+    got, _ = procs.run_program(RESUME, str(stop), str(ga), timeout=TRAINER_TIMEOUT_SECONDS)
     for kind in ("torch", "ours"):
         r = got[kind]
         done = len(r["first"]["seen"])
@@ -324,7 +292,7 @@ if rank == 0:
 @pytest.fixture(scope="module")
 def torchrun_ranks():
     _need("transformers")
-    return run_program(DISTRIBUTED, torchrun=True)
+    return procs.run_program(DISTRIBUTED, timeout=TRAINER_TIMEOUT_SECONDS, torchrun=True)[0]
 
 
 def test_trainer_under_torchrun_each_rank_sees_its_own_shard(torchrun_ranks):
@@ -429,6 +397,6 @@ def test_accelerate_skip_first_batches_in_a_later_epoch_keeps_the_loaders_order(
     epoch's order is then our loader's: the batches after the skipped ones.  (In a
     child: accelerate keeps process-wide state.)"""
     _need("accelerate")
-    got = run_program(SKIP_FIRST_BATCHES)
+    got, _ = procs.run_program(SKIP_FIRST_BATCHES, timeout=TRAINER_TIMEOUT_SECONDS)
     assert got["class"] == "torch.utils.data.dataloader"  # PyTorch's, as documented
     assert got["got"] == got["want"] and len(got["got"]) == 7

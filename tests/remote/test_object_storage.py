@@ -23,6 +23,7 @@ pytest.importorskip("PIL")
 pytest.importorskip("fsspec")
 pytest.importorskip("s3fs")
 
+from compare import assert_same_pairs  # noqa: E402
 from images_util import make_jpegs  # noqa: E402
 from remote_util import ACCESS_KEY, SECRET_KEY, FaultProxy, Nginx, SeaweedFS  # noqa: E402
 
@@ -104,13 +105,6 @@ def s3_pattern(store, n):
 
 def batches(loader):
     return [(np.array(x), np.array(y)) for x, y in loader]
-
-
-def assert_same(a, b):
-    assert len(a) == len(b)
-    for (xa, ya), (xb, yb) in zip(a, b):
-        np.testing.assert_array_equal(ya, yb)
-        np.testing.assert_array_equal(xa, xb)
 
 
 #: Where the fault tests leave their figures (faults injected, retries, time
@@ -317,7 +311,7 @@ def test_s3_shards_give_the_local_shards_batches(photos, s3, tmp_path, num_worke
               multiprocessing_context=context)
     with DataLoader(local, **kw) as a, DataLoader(remote, **kw) as b:
         for _ in range(2):
-            assert_same(batches(b), batches(a))
+            assert_same_pairs(batches(b), batches(a))
 
 
 @needs_nginx
@@ -331,7 +325,7 @@ def test_http_shards_give_the_local_shards_batches(photos, http, tmp_path, num_w
     kw = dict(batch_size=4, shuffle=True, seed=11, num_workers=num_workers,
               multiprocessing_context=context)
     with DataLoader(local, **kw) as a, DataLoader(remote, **kw) as b:
-        assert_same(batches(b), batches(a))
+        assert_same_pairs(batches(b), batches(a))
 
 
 @needs_weed
@@ -344,7 +338,7 @@ def test_remote_default_window_is_16_and_local_order_is_unchanged(photos, s3, tm
     folder = photos["folder"]
     with DataLoader(local, batch_size=6, shuffle=True, seed=2, num_workers=0) as a, \
             DataLoader(folder, batch_size=6, shuffle=True, seed=2, num_workers=0) as b:
-        assert_same(batches(a), batches(b))   # the order of any dataset
+        assert_same_pairs(batches(a), batches(b))   # the order of any dataset
 
 
 # --------------------------------------------------------------------------
@@ -382,12 +376,12 @@ def test_s3_files_and_an_s3_folder_give_the_local_files_batches(photos, s3, tmp_
               multiprocessing_context=context)
     with DataLoader(local, **kw) as a, DataLoader(remote, **kw) as b:
         for _ in range(2):
-            assert_same(batches(b), batches(a))
+            assert_same_pairs(batches(b), batches(a))
         assert b.stats.bytes_fetched == sum(os.path.getsize(local.path(i))
                                             for i in range(len(local)))
         assert b.stats.cache_hits == 0 and b.stats.requests == len(local)
     with DataLoader(same, **kw) as a, DataLoader(files, **kw) as b:
-        assert_same(batches(b), batches(a))
+        assert_same_pairs(batches(b), batches(a))
 
 
 @needs_nginx
@@ -402,7 +396,7 @@ def test_http_files_give_the_local_files_batches(photos, tmp_path, num_workers, 
         kw = dict(batch_size=6, shuffle=True, seed=8, num_workers=num_workers,
                   multiprocessing_context=context)
         with DataLoader(same, **kw) as a, DataLoader(remote, **kw) as b:
-            assert_same(batches(b), batches(a))
+            assert_same_pairs(batches(b), batches(a))
         # HTTP files are not asked about at construction (no request per file):
         # a missing one is named when a batch needs it.
         missing = ImageFiles(urls[:3] + [server.url + "/class1/no-such-file.jpg"],
@@ -474,7 +468,7 @@ def test_remote_files_evict_what_is_needed_last_and_stay_under_the_bound(tmp_pat
         try:
             with DataLoader(local, **kw) as a, DataLoader(remote, **kw) as b:
                 for _ in range(2):
-                    assert_same(batches(b), batches(a))
+                    assert_same_pairs(batches(b), batches(a))
                 stats = b.stats
         finally:
             stop.set()
@@ -615,7 +609,7 @@ def test_faults_change_no_batch_and_nothing_hangs(photos, s3, tmp_path):
                 with DataLoader(remote, **kw) as b:
                     got = batches(b)
                     retries += b.stats.retries
-                assert_same(got, want)
+                assert_same_pairs(got, want)
             runs[name] = dict(seconds=time.monotonic() - t0, retries=retries,
                               proxied={k: proxy.counts[k] - before[k] for k in before})
     injected = runs["faults"]["proxied"]
@@ -653,7 +647,7 @@ def test_faults_change_no_batch_of_remote_files(photos, s3, tmp_path):
                 retries = b.stats.retries
             runs[name] = dict(seconds=time.monotonic() - t0, retries=retries,
                               proxied={k: proxy.counts[k] - before[k] for k in before})
-            assert_same(got, want)
+            assert_same_pairs(got, want)
     counts = runs["faults"]["proxied"]
     faults = counts["slowdown"] + counts["reset"] + counts["truncate"]
     assert faults > 0 and runs["faults"]["retries"] > 0
@@ -750,7 +744,7 @@ def test_resume_from_a_fresh_cache_is_exact_and_fetches_only_what_remains(photos
             fetched = {r[1].split("?")[0].rsplit("/", 1)[-1] for r in list(proxy.requests)
                        if r[0] == "GET" and r[1].split("?")[0].endswith(".tar")}
             assert next(it, None) is None
-    assert_same(rest, want[6:])
+    assert_same_pairs(rest, want[6:])
     # The shards the remaining batches read, by the loader's own order.
     order = window_order(ds._counts, resumed.seed, 0, True, 2)
     needed = {int(ds._shard[i]) for i in order[6 * 4:]}
@@ -978,7 +972,7 @@ def test_a_subset_of_remote_shards_is_fetched_ahead_under_a_small_bound(
     with DataLoader(Subset(remote, keep), **kw) as b:
         got = batches(b)
         assert b.stats.requests > 0 and b.stats.peak_cache_bytes <= 4 * shard
-    assert_same(want, got)
+    assert_same_pairs(want, got)
 
 
 @needs_weed
@@ -999,7 +993,7 @@ def test_the_smallest_cache_bound_accepted_never_stalls(photos, s3, tmp_path):
     lk = dict(batch_size=4, shuffle=True, seed=3, num_workers=0)
     with DataLoader(local, **lk) as a, DataLoader(remote, **lk) as b:
         for _ in range(2):
-            assert_same(batches(b), batches(a))
+            assert_same_pairs(batches(b), batches(a))
         assert b.stats.peak_cache_bytes <= smallest
 
 

@@ -166,6 +166,13 @@ class SlowAfter:
         return i
 
 
+def burn(seconds):
+    """Spend ``seconds`` of this thread's CPU time (a known CPU cost, unlike a sleep)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
 # -- child programs ----------------------------------------------------------------
 
 def child_env():
@@ -203,6 +210,32 @@ def results(stdout):
             k, v = line.split("=", 1)
             out[k] = v
     return out
+
+
+def run_program(code, *args, timeout, torchrun=False):
+    """Run ``code`` in a child interpreter in its own session (past ``timeout`` seconds
+    every process it started, ranks and workers, is killed and the test fails), with
+    ``torchrun --standalone --nproc_per_node 2`` when asked; the JSON it printed after
+    ``RESULT=``, and its stderr."""
+    import pytest  # here: bench/stress_faults.py imports this module without pytest
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_program(tmp, textwrap.dedent(code))
+        launch = ([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   "--nproc_per_node", "2"] if torchrun else [sys.executable])
+        child = subprocess.Popen([*launch, path, *args], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True, env=child_env(),
+                                 cwd=tmp, start_new_session=True)
+        try:
+            stdout, stderr = child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            stdout, stderr = child.communicate()
+            pytest.fail(f"child program ran past {timeout} s:\n"
+                        f"{stdout[-3000:]}\n{stderr[-6000:]}")
+    out = results(stdout)
+    assert child.returncode == 0 and "RESULT" in out, (
+        f"child program failed (exit {child.returncode}):\n{stdout[-3000:]}\n{stderr[-6000:]}")
+    return json.loads(out["RESULT"]), stderr
 
 
 # -- killing a main process under a subreaper ----------------------------------------
