@@ -315,6 +315,7 @@ def _supply(code, supplied, block):
 # ----------------------------------------------------------------------------- the tests
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=[b.id for b in PYTHON_BLOCKS])
 def test_python_block(block, tmp_path):
     d = directives(block)

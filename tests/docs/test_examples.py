@@ -12,6 +12,9 @@ ACCURACY = re.compile(r"^test accuracy: ([\d.]+)$", re.M)
 EPOCH = re.compile(r"^epoch +(\d+)/(\d+): loss ([\d.]+)$", re.M)
 RUN_SECONDS = 300
 
+# Every test runs an example in a child interpreter.
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("sklearn", reason="the examples use scikit-learn's bundled digits "
                                       "(the 'test' extra installs it)")
 

@@ -648,6 +648,7 @@ def test_loader_collates_tensor_leaves_into_tensors(torch, num_workers, shared):
         assert isinstance(b["a"], np.ndarray)
 
 
+@pytest.mark.slow
 def test_netcl_loader_never_imports_torch_itself():
     import subprocess
     code = (

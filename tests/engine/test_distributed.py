@@ -250,6 +250,7 @@ OPEN_MPI_LOCAL = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_shards_under_mpirun(drop_last):
     cmd = _mpirun() + [sys.executable, str(SUPPORT / "mpi_shard_check.py"), "--n", "103",

@@ -287,6 +287,7 @@ def test_worker_init_fn_failure_is_reported():
 
 # -- timeout -------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_timeout_names_its_value():
     code = """
         import time
@@ -404,6 +405,7 @@ def test_timeout_zero_means_no_timeout(use_shared_mem):
 
 # -- dying workers ---------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_sigkill_of_a_worker_gives_worker_error_and_a_fresh_pool():
     code = """
         import os, signal, time
@@ -455,6 +457,7 @@ def exit_at_five(samples):
     return np.asarray(samples)
 
 
+@pytest.mark.slow
 def test_os_exit_of_a_worker_gives_worker_error_with_the_exit_code():
     code = """
         import os, time
@@ -488,6 +491,7 @@ def test_os_exit_of_a_worker_gives_worker_error_with_the_exit_code():
     assert wait_gone(pids)
 
 
+@pytest.mark.slow
 def test_worker_death_while_idle_is_reported_at_the_next_epoch():
     code = """
         import os, signal, time
@@ -532,6 +536,7 @@ def test_after_close_no_worker_is_left():
     assert not [p for p in multiprocessing.active_children() if p.pid in pids]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ending", ["close", "with", "del", "exit", "break"])
 def test_teardown_in_a_subprocess_leaves_no_worker_and_no_stderr(ending):
     body = {
@@ -553,6 +558,7 @@ def test_teardown_in_a_subprocess_leaves_no_worker_and_no_stderr(ending):
     assert wait_gone(pids)
 
 
+@pytest.mark.slow
 def test_close_with_a_worker_stuck_in_the_dataset_returns():
     code = """
         import time
@@ -575,6 +581,7 @@ def test_close_with_a_worker_stuck_in_the_dataset_returns():
     assert pids and wait_gone(pids)
 
 
+@pytest.mark.slow
 def test_abandoned_epochs_with_piped_batches_never_hang():
     """Stale batches that came by pipe, read back in any order, are all accounted for."""
     code = """
@@ -596,6 +603,7 @@ def test_abandoned_epochs_with_piped_batches_never_hang():
     assert "OK False 200" in out.stdout and "OK True 200" in out.stdout
 
 
+@pytest.mark.slow
 def test_a_worker_that_cannot_map_a_grown_slot_raises_shared_memory_error():
     """mmap of a grown slot refused in one worker (issue 10): a clear error, not "exit code 0"."""
     if not sys.platform.startswith("linux"):
@@ -658,6 +666,7 @@ def test_a_worker_that_cannot_map_a_grown_slot_raises_shared_memory_error():
 
 # -- the start of the pool -------------------------------------------------------------
 
+@pytest.mark.slow
 def test_fork_after_a_multithreaded_torch_op_does_not_hang():
     """A thread pool the parent ran before fork is not in the child: workers must run
     torch single-threaded (torch.set_num_threads(1)) or the first torch op there deadlocks."""
@@ -782,6 +791,7 @@ UNPICKLABLE_PROGRAM = """
 """
 
 
+@pytest.mark.slow
 def test_a_dataset_that_cannot_be_pickled_for_spawn_raises_the_pickling_error():
     r = run_child(UNPICKLABLE_PROGRAM)
     assert r.returncode == 0, r.stderr
@@ -885,6 +895,7 @@ def _check_failed_fork(r):
     assert out["AFTER"] == repr([[0, 1], [2, 3], [4, 5], [6, 7]])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a pids cgroup is Linux's")
 def test_a_failed_fork_raises_the_os_error_in_a_pids_cgroup():
     root = _pids_cgroup_root()
@@ -923,6 +934,7 @@ def test_a_failed_fork_raises_the_os_error_in_a_pids_cgroup():
                 time.sleep(0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_failed_fork_raises_the_os_error_under_rlimit_nproc():
     if os.geteuid() == 0:
@@ -989,6 +1001,7 @@ def _run_script(tmp_path, source, method):
                           timeout=240, env=env, cwd=tmp_path), script
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_a_worker_dying_while_importing_an_unguarded_main_module_names_the_guard(tmp_path, method):
     """A script without ``if __name__ == "__main__":`` runs again in each spawn or
@@ -1002,6 +1015,7 @@ def test_a_worker_dying_while_importing_an_unguarded_main_module_names_the_guard
     assert 'if __name__ == "__main__":' in last and repr(method) in last, last
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_a_worker_dying_while_unpickling_its_dataset_says_so(tmp_path, method):
     proc, _ = _run_script(tmp_path, _UNPICKLABLE, method)

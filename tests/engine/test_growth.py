@@ -173,6 +173,7 @@ BIG_BATCHES = """
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memory cgroups are Linux's")
 def test_a_memory_cgroup_gives_shared_memory_error_naming_bytes_and_cgroup_not_oom_kill():
     v1, v2 = _own_memory_cgroup_v1(), _own_cgroup_v2()
@@ -243,6 +244,7 @@ def _remove_cgroup(group):
             time.sleep(0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS and /proc are Linux's")
 def test_an_address_space_limit_gives_memory_errors_not_runtime_errors():
     code = "import resource\n" + textwrap.dedent(BIG_BATCHES) + textwrap.dedent("""

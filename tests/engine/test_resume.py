@@ -171,6 +171,7 @@ def test_resume_distributed_with_workers():
         assert got + rest == ref[0] and following == ref[1], k
 
 
+@pytest.mark.slow
 def test_resume_in_a_new_process():
     n, kw = 41, dict(batch_size=4, seed=17, rank=1, world_size=2, drop_last=False)
     ref = reference(n, 4, **kw)

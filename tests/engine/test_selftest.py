@@ -56,6 +56,7 @@ def _lines(out):
     return checks, summary
 
 
+@pytest.mark.slow
 def test_quick_passes_on_this_machine(tmp_path):
     out = _run(["--quick"], tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -76,6 +77,7 @@ def test_quick_passes_on_this_machine(tmp_path):
     assert "WorkerError in" in checks["errors"][1]
 
 
+@pytest.mark.slow
 def test_json_is_one_object_with_every_check(tmp_path):
     out = _run(["--quick", "--json"], tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -108,6 +110,7 @@ def test_json_is_one_object_with_every_check(tmp_path):
         assert f["causes"] == []
 
 
+@pytest.mark.slow
 def test_limited_shared_memory_fails_the_check_with_its_remedy(tmp_path):
     # A file-size limit bounds memfd objects too: reserving a slot fails with
     # "could not reserve N bytes" at construction (SIGXFSZ ignored, so the
@@ -129,6 +132,7 @@ def test_limited_shared_memory_fails_the_check_with_its_remedy(tmp_path):
     assert summary is not None and summary.group(5) == "FAILED"
 
 
+@pytest.mark.slow
 def test_json_reports_the_failure_and_exit_status(tmp_path):
     prelude = textwrap.dedent("""
         import resource, signal, sys
@@ -145,6 +149,7 @@ def test_json_reports_the_failure_and_exit_status(tmp_path):
     assert report["summary"]["ok"] is False and report["summary"]["failed"] >= 1
 
 
+@pytest.mark.slow
 def test_a_compiled_module_that_cannot_be_imported_names_the_reinstall(tmp_path):
     prelude = textwrap.dedent("""
         import sys
@@ -165,6 +170,7 @@ def test_a_compiled_module_that_cannot_be_imported_names_the_reinstall(tmp_path)
     assert checks["pool-fork"][0] == "PASS"
 
 
+@pytest.mark.slow
 def test_without_pyopencl_opencl_checks_skip_or_fail_when_required(tmp_path):
     prelude = "import sys\nsys.modules['pyopencl'] = None\n"
     out = _run(["--quick", "--require-opencl", "--json"], tmp_path, prelude)
@@ -179,6 +185,7 @@ def test_without_pyopencl_opencl_checks_skip_or_fail_when_required(tmp_path):
                for n, c in checks.items() if not n.startswith("opencl"))
 
 
+@pytest.mark.slow
 def test_without_pyopencl_opencl_checks_skip(tmp_path):
     prelude = "import sys\nsys.modules['pyopencl'] = None\n"
     out = _run(["--quick"], tmp_path, prelude)
@@ -202,6 +209,7 @@ def _pocl_devices():
     return found
 
 
+@pytest.mark.slow
 def test_the_opencl_checks_pass_on_every_usable_device_and_name_the_unusable(tmp_path):
     """On whatever the machine has (both PoCLs here; on Zen 5 the wheel's one is
     listed and cannot build): the checks run on a device that builds, and any
@@ -222,6 +230,7 @@ def test_the_opencl_checks_pass_on_every_usable_device_and_name_the_unusable(tmp
         assert u.device.platform.version.strip() in figure and "skipped" in figure
 
 
+@pytest.mark.slow
 def test_every_device_failing_to_build_fails_the_selftest_with_the_cause(tmp_path):
     """A real build failure on every listed device (an option PoCL refuses, set
     through its own environment variable): FAIL, not SKIP, even without
@@ -250,6 +259,7 @@ def test_every_device_failing_to_build_fails_the_selftest_with_the_cause(tmp_pat
         assert checks[name]["status"] in ("SKIP", "FAIL")
 
 
+@pytest.mark.slow
 def test_device_choice_warns_once_per_unusable_device_and_skips_it(tmp_path):
     """In a process whose every PoCL build fails: usable_devices() warns once per
     device (naming it, its platform version and the build error), not again on
@@ -295,6 +305,7 @@ def test_device_choice_warns_once_per_unusable_device_and_skips_it(tmp_path):
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stdout + out.stderr
 
 
+@pytest.mark.slow
 def test_a_dataset_that_raises_fails_the_checks_that_use_it(tmp_path):
     prelude = textwrap.dedent("""
         import netcl_loader.selftest as st
@@ -322,12 +333,14 @@ def test_spawned_workers_get_the_datasets_by_the_module_name():
     assert b"netcl_loader.selftest" in pickle.dumps(selftest._NestedDataset(3))
 
 
+@pytest.mark.slow
 def test_bad_option_is_a_usage_error(tmp_path):
     out = _run(["--no-such-option"], tmp_path)
     assert out.returncode == 2
     assert "usage: python -m netcl_loader.selftest" in out.stderr
 
 
+@pytest.mark.slow
 def test_one_cpu_of_two_warns_that_throughput_is_capped_and_names_the_cause(tmp_path):
     # A real affinity mask of one CPU: the loader's 2 workers share it, so it
     # cannot deliver what the machine's CPUs allow.  A warning, not a failure.

@@ -159,6 +159,7 @@ def test_two_processes_thousands_of_slots_nothing_lost_or_duplicated(method):
         ring.wait_ready(timeout=0.01)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("resource") is None,
                     reason="needs a file-size limit (the resource module) to make memory "
                            "that cannot be had")
@@ -361,6 +362,7 @@ def _child_memory_cgroup(limit_bytes):
     return child, os.path.join(child, "cgroup.procs")
 
 
+@pytest.mark.slow
 def test_ring_in_a_small_memory_cgroup_is_refused_naming_the_limit():
     limit = 32 * MIB
     child, procs = _child_memory_cgroup(limit)

@@ -83,6 +83,7 @@ LOCAL = """
 """
 
 
+@pytest.mark.slow
 @needs_fork_warning[0]
 @needs_fork_warning[1]
 def test_a_thread_of_the_users_is_what_the_fork_warning_names(tmp_path):
@@ -95,6 +96,7 @@ def test_a_thread_of_the_users_is_what_the_fork_warning_names(tmp_path):
     assert FORK_WARNING in err
 
 
+@pytest.mark.slow
 @needs_fork_warning[0]
 @needs_fork_warning[1]
 def test_local_data_forks_with_no_thread_of_the_loaders(tmp_path):
@@ -102,6 +104,7 @@ def test_local_data_forks_with_no_thread_of_the_loaders(tmp_path):
     assert FORK_WARNING not in err, err
 
 
+@pytest.mark.slow
 @needs_fork_warning[0]
 @needs_fork_warning[1]
 @pytest.mark.skipif(shutil.which("nginx") is None and not os.path.exists("/usr/sbin/nginx"),

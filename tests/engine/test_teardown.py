@@ -4,8 +4,10 @@ import sys
 import pytest
 from procs import assert_nothing_left, printed, run_child, run_killed, wait_gone
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
-                                reason="reads /proc to follow processes: Linux only")
+# Every test runs its loader in a child interpreter.
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                 reason="reads /proc to follow processes: Linux only"),
+              pytest.mark.slow]
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])

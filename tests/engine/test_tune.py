@@ -128,6 +128,7 @@ def _cli(tmp_path, *args):
                           capture_output=True, text=True, timeout=RUN_SECONDS, cwd=tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["tune_target:DATA", "tune_target:make"])
 def test_command_line_prints_the_table_and_the_json(tmp_path, spec):
     common = ["--batch-size", "8", "--max-workers", "1", "--prefetch-factors", "2",
@@ -144,6 +145,7 @@ def test_command_line_prints_the_table_and_the_json(tmp_path, spec):
     assert report["num_workers"] in (0, 1)
 
 
+@pytest.mark.slow
 def test_command_line_names_what_it_cannot_load(tmp_path):
     out = _cli(tmp_path, "no_such_module:x")
     assert out.returncode != 0 and "cannot import 'no_such_module'" in out.stderr
@@ -155,6 +157,7 @@ def test_command_line_names_what_it_cannot_load(tmp_path):
     assert out.returncode == 2 and "tune() chooses num_workers itself" in out.stderr
 
 
+@pytest.mark.slow
 def test_the_package_attribute_is_callable_however_it_was_imported():
     code = ("import netcl_loader.tune, netcl_loader, numpy as np\n"
             "r = netcl_loader.tune(netcl_loader.ArrayDataset(np.zeros((64, 2))), batch_size=8, "

@@ -119,6 +119,7 @@ def uploader(cl_queue):
 # ---------------------------------------------------------------- import and construction
 
 
+@pytest.mark.slow
 def test_module_imports_and_gpubatch_works_without_pyopencl():
     code = textwrap.dedent(
         """

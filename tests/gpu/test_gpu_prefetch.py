@@ -167,6 +167,7 @@ def test_legacy_async_transfer_without_queue_warns_and_changes_nothing():
         assert all(isinstance(b[0], np.ndarray) for b in loader)
 
 
+@pytest.mark.slow
 def test_context_created_before_a_spawn_and_fork_pool_in_a_fresh_process():
     """A fresh interpreter: OpenCL first, then worker pools by fork and by spawn."""
     code = textwrap.dedent("""

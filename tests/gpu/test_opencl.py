@@ -64,6 +64,7 @@ def _on_a_terminal(code, typed=""):
         os.close(child)
 
 
+@pytest.mark.slow
 def test_usable_queue_never_asks_on_a_terminal():
     """With two platforms (two PoCLs here), create_some_context() asks on a terminal
     which one to use; usable_queue() picks the one that builds, without a word."""

@@ -542,6 +542,7 @@ for label, expr in json.loads(sys.argv[1]):
 """
 
 
+@pytest.mark.slow
 def test_crop_windows_that_overflow_int64_are_value_errors_in_a_child():
     import json
     import subprocess

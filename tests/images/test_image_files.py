@@ -150,6 +150,7 @@ def test_bad_crop_arguments(make, name):
         make()
 
 
+@pytest.mark.slow
 def test_import_stays_light():
     code = ("import sys, netcl_loader, netcl_loader.images; "
             "assert 'PIL' not in sys.modules, 'Pillow imported eagerly'; "

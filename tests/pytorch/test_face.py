@@ -1026,6 +1026,7 @@ print("torch" in sys.modules)
 """
 
 
+@pytest.mark.slow
 def test_the_engine_never_imports_torch_itself():
     out = subprocess.run([sys.executable, "-c", NO_TORCH_PROGRAM], capture_output=True,
                          text=True, timeout=120)

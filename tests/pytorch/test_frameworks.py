@@ -149,6 +149,7 @@ print("RESULT=" + json.dumps(result))
 """
 
 
+@pytest.mark.slow
 def test_lightning_fit_on_one_device_with_workers_validation_and_predict():
     _need("lightning")
     got, _ = procs.run_program(ONE_DEVICE, timeout=FRAMEWORK_TIMEOUT_SECONDS)
@@ -214,6 +215,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
 def test_lightning_ddp_each_rank_sees_what_pytorchs_loader_gives_it(strategy):
     """Lightning injects its DistributedSampler into our loader as into PyTorch's: each of
@@ -251,6 +253,7 @@ print("RESULT=" + json.dumps({"torch": run(TorchDL), "ours": run(OurDL)}))
 """
 
 
+@pytest.mark.slow
 def test_lightning_one_loader_for_training_and_mid_epoch_validation():
     """``fit(model, loader, loader)`` with validation every 4 batches: validation
     iterates the loader while its training epoch is unfinished.  PyTorch's loader runs
@@ -295,6 +298,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_lightning_ddp_with_a_loader_sharded_by_hand_and_two_fits_in_a_row():
     """A loader given rank/world_size under Lightning's DDP: Lightning re-creates it with
     its DistributedSampler for the same rank and world size, and the engine leaves the
@@ -352,6 +356,7 @@ print("RESULT=" + json.dumps(result))
 """
 
 
+@pytest.mark.slow
 def test_lightning_resumes_a_mid_epoch_checkpoint_exactly():
     """fit(ckpt_path=) from a checkpoint taken after 3 of 10 batches: our loader is
     resumable (state_dict/load_state_dict), so the resumed run yields exactly the 7
@@ -431,6 +436,7 @@ print("RESULT=" + json.dumps(result))
 """
 
 
+@pytest.mark.slow
 def test_accelerate_prepare_accumulation_and_skip_first_batches():
     """Accelerate rebuilds prepared loaders as PyTorch's class: ours then gives PyTorch's
     behaviour (the gradient-sync sequence, every sample once an epoch, skip_first_batches)

@@ -161,6 +161,7 @@ print("RESULT=" + json.dumps(result))
 """
 
 
+@pytest.mark.slow
 def test_trainer_three_epochs_in_one_process_on_the_engine():
     """Three epochs: every sample once an epoch with both loaders; with the mixin every
     batch came from our engine (its count follows the steps, its 2 persistent workers
@@ -213,6 +214,7 @@ print("RESULT=" + json.dumps(result))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop,ga", [(5, 1), (18, 1), (4, 5)],
                          ids=["step5", "step18", "step4-accumulate5"])
 def test_trainer_resumes_exactly_on_the_engine(stop, ga):
@@ -295,6 +297,7 @@ def torchrun_ranks():
     return procs.run_program(DISTRIBUTED, timeout=TRAINER_TIMEOUT_SECONDS, torchrun=True)[0]
 
 
+@pytest.mark.slow
 def test_trainer_under_torchrun_each_rank_sees_its_own_shard(torchrun_ranks):
     """``torchrun --nproc_per_node 2``: with Trainer's own loader and with the mixin's,
     each rank sees 48 samples an epoch, the two ranks' disjoint and together the whole
@@ -314,6 +317,7 @@ def test_trainer_under_torchrun_each_rank_sees_its_own_shard(torchrun_ranks):
         assert all(s["class"].startswith("accelerate.") for s in r["torch"]["steps"])
 
 
+@pytest.mark.slow
 def test_unsharded_loader_in_a_process_group_warns_once_per_rank(torchrun_ranks):
     """In the 2-process group: a loader sharded by nothing warns once (per loader, over
     two epochs) on each rank that every rank sees every sample; one with rank/world_size
@@ -390,6 +394,7 @@ print("RESULT=" + json.dumps({"class": type(skipped).__module__,
 """
 
 
+@pytest.mark.slow
 def test_accelerate_skip_first_batches_in_a_later_epoch_keeps_the_loaders_order():
     """What Trainer's resume does with a loader it did not make: accelerate's
     ``skip_first_batches`` rebuilds it as torch's loader around its batch sampler, and

@@ -54,6 +54,7 @@ def test_a_callback_that_asks_for_the_loop_while_it_stops_does_not_stall_the_pau
         WAIT_SECONDS) == 7
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork on this platform")
 def test_a_child_forked_inside_a_pause_has_a_loop_of_its_own():
     code = textwrap.dedent("""

@@ -56,6 +56,7 @@ def run_child(code, timeout=HANG_SECONDS):
 # Objects without a size
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["no-length", "gzip"])
 def test_http_files_without_a_size_load_and_never_hang(jpegs, tmp_path, fault):
     # No Content-Length (a dynamic answer) or a gzip Content-Encoding (fsspec
@@ -93,6 +94,7 @@ def test_http_files_without_a_size_load_and_never_hang(jpegs, tmp_path, fault):
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_a_file_of_unknown_size_larger_than_the_cache_is_an_error_at_once(jpegs, tmp_path):
     # The size comes with the bytes: a file that can never fit the bound is
     # an error naming it and the sizes as soon as it arrives, not a wait.
@@ -114,6 +116,7 @@ def test_a_file_of_unknown_size_larger_than_the_cache_is_an_error_at_once(jpegs,
     assert "cache_bytes=1000" in r.stdout and srv.url in r.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["no-length", "gzip"])
 def test_a_shard_without_a_size_is_fetched_whole_and_gives_the_local_batches(jpegs, tmp_path,
                                                                             fault):
@@ -320,6 +323,7 @@ def _can_mount_tmpfs():
     return r.returncode == 0
 
 
+@pytest.mark.slow
 def test_a_full_cache_disk_is_an_error_naming_the_folder_and_bytes(tmp_path):
     # A real full disk: a 1 MiB tmpfs in a mount namespace of the child's own.
     # The index pass of a 2 MiB shard reserves its bytes in the cache first:

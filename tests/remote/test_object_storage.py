@@ -689,6 +689,7 @@ def run_index_command(pattern, endpoint=None, env=None):
                           env=dict(os.environ, **(env or {})))
 
 
+@pytest.mark.slow
 @needs_weed
 def test_index_sidecars_are_used_and_construction_reads_no_shard(photos, s3, tmp_path):
     env = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
@@ -715,6 +716,7 @@ def test_index_sidecars_are_used_and_construction_reads_no_shard(photos, s3, tmp
     assert (copy / "shard-000001.tar.idx.npz").exists()
 
 
+@pytest.mark.slow
 @needs_weed
 def test_resume_from_a_fresh_cache_is_exact_and_fetches_only_what_remains(photos, s3, tmp_path):
     pattern = s3_pattern(s3, 8)
@@ -1018,6 +1020,7 @@ def test_a_store_without_credentials_points_to_anon(s3, tmp_path, monkeypatch):
     assert f"s3://{s3.bucket}/train/shard-000000.tar" in str(e.value)
 
 
+@pytest.mark.slow
 @needs_weed
 def test_the_index_command_takes_storage_options_and_anon(s3, tmp_path):
     env = _no_aws_credentials_env(tmp_path)

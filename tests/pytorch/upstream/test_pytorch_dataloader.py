@@ -1078,6 +1078,7 @@ class TestDataLoader(TestCase):
         def _create_dataloader(is_train: bool) -> DataLoader[List[torch.Tensor]]:
             pass
 
+    @pytest.mark.slow
     @unittest.skipIf(IS_WINDOWS, "No 'resource' module on Windows")
     def test_fd_limit_exceeded(self):
         # The original runs torch's loader in a child process with 100 open
@@ -2363,6 +2364,7 @@ class TestDataLoaderPersistentWorkers(TestDataLoader):
                 # and can cache values safely
                 dataset.start = i
 
+    @pytest.mark.slow
     @unittest.skipIf(IS_WINDOWS, "Needs fork")
     def test_early_exit(self):
         import subprocess
