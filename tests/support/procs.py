@@ -1,9 +1,11 @@
 """Helpers for the tests that run child programs and follow their processes (Linux /proc).
 
-The one place for: running a program in a fresh interpreter (``run_child``),
-the small datasets such programs use (module level here, so spawned workers
-can unpickle them), and killing a main process under a subreaper launcher that
-reports what the kill left behind (``write_launcher``, ``run_killed``).
+The one place for: running a program in a fresh interpreter (``run_child``;
+``run_program`` for the framework programs, in their own session, torchrun
+when asked), the small datasets such programs use (module level here, so
+spawned workers can unpickle them), a known CPU cost (``burn``), and killing
+a main process under a subreaper launcher that reports what the kill left
+behind (``write_launcher``, ``run_killed``).
 ``bench/stress_faults.py`` uses the same launcher.
 """
 import json
