@@ -1,4 +1,4 @@
-"""Shared fixtures of every test folder: an OpenCL queue on whatever device is present (PoCL on CI).
+"""Shared fixtures of every test folder: an OpenCL queue on the device present (PoCL on CI).
 
 The shared helpers are modules in ``tests/support`` (pytest's ``pythonpath``
 puts that folder on the path), imported by their bare names: ``procs``,
