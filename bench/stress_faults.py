@@ -37,7 +37,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "support"))
 
-from procs import EXIT_WAIT_SECONDS, run_killed  # noqa: E402  (tests/support/procs.py: the launcher)
+from procs import EXIT_WAIT_SECONDS, run_killed  # noqa: E402  (tests/support/procs.py)
 
 from netcl_loader import DataLoader, WorkerError  # noqa: E402
 
