@@ -66,7 +66,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "support"))
 
 import files as files_scenario  # noqa: E402  the same images, made the same way
 from remote_util import ACCESS_KEY, SECRET_KEY, Nginx, SeaweedFS  # noqa: E402

@@ -1,7 +1,7 @@
 """Fault stress: the main process killed at random instants, and a long run of faults.
 
 Part (a), ``--kills N``: N runs of a main program under the subreaper launcher
-of ``tests/procs.py``, each SIGKILLed at a random instant while it iterates
+of ``tests/support/procs.py``, each SIGKILLed at a random instant while it iterates
 (pool start-up included), while it closes loaders, or while its ring slots
 grow, with a random start method (fork or spawn).  Reports the orphans left
 (alive when the launcher stops watching), the longest time a worker outlived
@@ -35,9 +35,9 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "support"))
 
-from procs import EXIT_WAIT_SECONDS, run_killed  # noqa: E402  (tests/procs.py: the launcher)
+from procs import EXIT_WAIT_SECONDS, run_killed  # noqa: E402  (tests/support/procs.py)
 
 from netcl_loader import DataLoader, WorkerError  # noqa: E402
 

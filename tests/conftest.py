@@ -1,4 +1,9 @@
-"""Shared fixtures: an OpenCL queue on whatever device is present (PoCL on CI)."""
+"""Shared fixtures of every test folder: an OpenCL queue on the device present (PoCL on CI).
+
+The shared helpers are modules in ``tests/support`` (pytest's ``pythonpath``
+puts that folder on the path), imported by their bare names: ``procs``,
+``compare``, ``images_util``, ``remote_util``, ...
+"""
 
 import pytest
 

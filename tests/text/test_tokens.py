@@ -1,0 +1,682 @@
+"""netcl_loader.text: token files, packings and mixtures against plain oracles and real files."""
+import json
+import struct
+import warnings
+
+import numpy as np
+import pytest
+
+import netcl_loader
+from netcl_loader.text import IGNORE_INDEX, Mixture, TokenFiles
+
+EOS = 0
+
+
+# -- real files ------------------------------------------------------------------
+
+def make_docs(n, seed=0, low=1, high=40, vocab=500):
+    """``n`` documents of random tokens (never EOS), each ending with EOS."""
+    rng = np.random.default_rng(seed)
+    return [np.append(rng.integers(1, vocab, size=rng.integers(low, high)), EOS).astype(np.int64)
+            for _ in range(n)]
+
+
+def write_bin(path, docs, dtype="uint16"):
+    np.concatenate(docs).astype(dtype).tofile(path)
+    return str(path)
+
+
+def write_megatron(prefix, sequences, document_indices, dtype=np.uint16):
+    """A Megatron-LM indexed dataset, written as its ``_IndexWriter`` writes one
+    (megatron/core/datasets/indexed_dataset.py): ``PREFIX.bin`` holds the sequences
+    back to back; ``PREFIX.idx`` holds the magic ``b"MMIDIDX\\x00\\x00"``, the
+    version (``<Q`` 1), the dtype code (``<B``; uint16 is 8, int32 is 4), the
+    sequence count and the document-index count (``<Q`` each), then the
+    sequence lengths (int32), the sequence pointers (int64 byte offsets) and
+    the document indices (int64, from 0 to the sequence count)."""
+    codes = {np.dtype(np.uint16): 8, np.dtype(np.int32): 4, np.dtype(np.uint8): 1,
+             np.dtype(np.int64): 5}
+    dtype = np.dtype(dtype)
+    with open(f"{prefix}.bin", "wb") as f:
+        for s in sequences:
+            f.write(np.asarray(s, dtype).tobytes())
+    lengths = np.array([len(s) for s in sequences], np.int32)
+    pointers = np.zeros(len(sequences), np.int64)
+    pointers[1:] = np.cumsum(lengths[:-1].astype(np.int64) * dtype.itemsize)
+    with open(f"{prefix}.idx", "wb") as f:
+        f.write(b"MMIDIDX\x00\x00")
+        f.write(struct.pack("<Q", 1))
+        f.write(struct.pack("<B", codes[dtype]))
+        f.write(struct.pack("<Q", len(sequences)))
+        f.write(struct.pack("<Q", len(document_indices)))
+        f.write(lengths.tobytes())
+        f.write(pointers.tobytes())
+        f.write(np.asarray(document_indices, np.int64).tobytes())
+    return str(prefix)
+
+
+# -- oracles, written plainly -------------------------------------------------------
+
+def oracle_layout(rows, shift_labels, extra=None, pad_id=0):
+    """Batch arrays of rows given as lists of segments (each a list of tokens, a
+    document's part; ``None`` tokens are padding), token by token.
+
+    ``extra[r]``: for windows, the token after row r and whether it continues
+    its last segment."""
+    ids, labels, pos, cu = [], [], [], [0]
+    for r, segs in enumerate(rows):
+        row_ids, row_labels, row_pos = [], [], []
+        for k, seg in enumerate(segs):
+            padding = seg and seg[0] is None
+            for t, tok in enumerate(seg):
+                row_ids.append(pad_id if padding else tok)
+                row_pos.append(t)
+                if padding:
+                    row_labels.append(IGNORE_INDEX)
+                elif shift_labels:
+                    if t + 1 < len(seg):
+                        row_labels.append(seg[t + 1])
+                    elif extra is not None and k == len(segs) - 1 and extra[r][1]:
+                        row_labels.append(extra[r][0])
+                    else:
+                        row_labels.append(IGNORE_INDEX)
+                else:
+                    row_labels.append(IGNORE_INDEX if t == 0 else tok)
+            cu.append(cu[-1] + len(seg))
+        ids.append(row_ids)
+        labels.append(row_labels)
+        pos.append(row_pos)
+    return (np.array(ids), np.array(labels), np.array(pos), np.array(cu, np.int32),
+            max(np.diff(cu)))
+
+
+def oracle_windows(stream, seq_len, eos):
+    """Windows of seq_len + 1 tokens as segments split after every EOS."""
+    out = []
+    for w in range(len(stream) // (seq_len + 1)):
+        win = [int(x) for x in stream[w * (seq_len + 1):(w + 1) * (seq_len + 1)]]
+        segs, cur = [], []
+        for t in range(seq_len):
+            cur.append(win[t])
+            if eos is not None and win[t] == eos:
+                segs.append(cur)
+                cur = []
+        if cur:
+            segs.append(cur)
+        last_is_eos = eos is not None and win[seq_len - 1] == eos
+        out.append((segs, (win[seq_len], not last_is_eos)))
+    return out
+
+
+def oracle_bfd(lengths, capacity):
+    """Best-fit decreasing, plainly: longest first (ties: earlier), into the bin with
+    the least room that holds it (ties: earlier bin), else a new bin."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    bins, room = [], []
+    for i in order:
+        best = None
+        for b in range(len(bins)):
+            if room[b] >= lengths[i] and (best is None or room[b] < room[best]):
+                best = b
+        if best is None:
+            bins.append([i])
+            room.append(capacity - lengths[i])
+        else:
+            bins[best].append(i)
+            room[best] -= lengths[i]
+    return bins
+
+
+def oracle_first_fit(lengths, capacity):
+    bins, room = [], []
+    for i in range(len(lengths)):
+        for b in range(len(bins)):
+            if room[b] >= lengths[i]:
+                bins[b].append(i)
+                room[b] -= lengths[i]
+                break
+        else:
+            bins.append([i])
+            room.append(capacity - lengths[i])
+    return bins
+
+
+def oracle_pieces(docs, seq_len):
+    pieces = []
+    for d in docs:
+        d = [int(x) for x in d]
+        for s in range(0, len(d), seq_len):
+            pieces.append(d[s:s + seq_len])
+    return pieces
+
+
+def oracle_document_rows(docs, seq_len, window):
+    rows = []
+    for w in range(0, len(docs), window):
+        pieces = oracle_pieces(docs[w:w + window], seq_len)
+        for b in oracle_bfd([len(p) for p in pieces], seq_len):
+            segs = [pieces[i] for i in b]
+            used = sum(len(s) for s in segs)
+            if used < seq_len:
+                segs.append([None] * (seq_len - used))
+            rows.append(segs)
+    return rows
+
+
+def check_batch(batch, expected):
+    ids, labels, pos, cu, max_len = expected
+    np.testing.assert_array_equal(batch["input_ids"], ids)
+    np.testing.assert_array_equal(batch["labels"], labels)
+    np.testing.assert_array_equal(batch["position_ids"], pos)
+    np.testing.assert_array_equal(batch["cu_seqlens"], cu)
+    assert int(batch["max_seqlen"]) == max_len
+    assert batch["input_ids"].dtype == np.int64 and batch["labels"].dtype == np.int64
+    assert batch["position_ids"].dtype == np.int64 and batch["cu_seqlens"].dtype == np.int32
+
+
+def as_numpy(batch):
+    return {k: np.asarray(v) for k, v in batch.items()}
+
+
+# -- windows -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shift_labels", [True, False])
+@pytest.mark.parametrize("eos_id", [EOS, None])
+def test_windows_equal_the_oracle(tmp_path, shift_labels, eos_id):
+    docs = make_docs(60, seed=1)
+    path = write_bin(tmp_path / "train.bin", docs)
+    stream = np.concatenate(docs)
+    seq_len = 13
+    ds = TokenFiles(path, seq_len, dtype="uint16", eos_id=eos_id, shift_labels=shift_labels)
+    windows = oracle_windows(stream, seq_len, eos_id)
+    assert len(ds) == len(windows) == len(stream) // (seq_len + 1)
+    idx = [3, 0, len(ds) - 1, 7]
+    batch = ds.gather_batch(np.array(idx), np.empty)
+    expected = oracle_layout([windows[i][0] for i in idx], shift_labels,
+                             extra=[windows[i][1] for i in idx])
+    check_batch(batch, expected)
+
+
+def test_npy_and_several_files_are_one_stream(tmp_path):
+    docs = make_docs(40, seed=2)
+    a, b = docs[:25], docs[25:]
+    np.save(tmp_path / "a.npy", np.concatenate(a).astype(np.uint32))
+    write_bin(tmp_path / "b.bin", b, "uint32")
+    seq_len = 9
+    ds = TokenFiles([tmp_path / "a.npy", tmp_path / "b.bin"], seq_len, dtype="uint32",
+                    eos_id=EOS)
+    stream = np.concatenate(docs)
+    windows = oracle_windows(stream, seq_len, EOS)
+    assert len(ds) == len(windows)
+    batch = ds.gather_batch(np.arange(len(ds)), np.empty)
+    check_batch(batch, oracle_layout([w[0] for w in windows], True, extra=[w[1] for w in windows]))
+
+
+def test_brace_range_names_the_files(tmp_path):
+    docs = make_docs(30, seed=3)
+    for k in range(3):
+        write_bin(tmp_path / f"part_{k:02d}.bin", docs[k * 10:(k + 1) * 10])
+    ds = TokenFiles(str(tmp_path / "part_{00..02}.bin"), 8, dtype="uint16", eos_id=EOS)
+    assert ds.num_tokens == sum(len(d) for d in docs)
+    assert len(ds.paths) == 3
+
+
+# -- documents: best-fit decreasing ------------------------------------------------------
+
+@pytest.mark.parametrize("shift_labels", [True, False])
+def test_documents_equal_the_bfd_oracle(tmp_path, shift_labels):
+    docs = make_docs(70, seed=4, high=45)
+    path = write_bin(tmp_path / "d.bin", docs)
+    seq_len, window = 24, 16
+    ds = TokenFiles(path, seq_len, dtype="uint16", eos_id=EOS, pack="documents",
+                    shift_labels=shift_labels, pad_id=7, shuffle_window=window)
+    rows = oracle_document_rows(docs, seq_len, window)
+    assert len(ds) == len(rows)
+    batch = ds.gather_batch(np.arange(len(ds)), np.empty)
+    check_batch(batch, oracle_layout(rows, shift_labels, pad_id=7))
+    # No piece is split: every document's tokens lie, in order, in the rows.
+    flat = [tok for r in rows for s in r if s and s[0] is not None for tok in s]
+    assert sorted(flat) == sorted(int(x) for d in docs for x in d)
+
+
+def test_best_fit_pads_no_more_than_first_fit(tmp_path):
+    rng = np.random.default_rng(5)
+    # Zipf-like lengths, as real corpora have.
+    lengths = np.minimum(rng.zipf(1.6, 400) * 7, 300)
+    docs = [np.append(rng.integers(1, 100, size=n - 1), EOS) for n in lengths]
+    path = write_bin(tmp_path / "z.bin", docs)
+    seq_len = 128
+    ds = TokenFiles(path, seq_len, dtype="uint16", eos_id=EOS, pack="documents",
+                    shuffle_window=400)
+    pieces = [len(p) for p in oracle_pieces(docs, seq_len)]
+    ff = oracle_first_fit(pieces, seq_len)
+    ff_pad = 1 - sum(pieces) / (len(ff) * seq_len)
+    assert len(ds) == len(oracle_bfd(pieces, seq_len))
+    assert ds.padding_fraction() <= ff_pad
+    assert ds.padding_fraction() == pytest.approx(1 - sum(pieces) / (len(ds) * seq_len))
+
+
+# -- none: flattened as transformers' DataCollatorWithFlattening --------------------
+
+def test_none_equals_transformers_flattening(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    docs = make_docs(30, seed=6, high=30)
+    path = write_bin(tmp_path / "n.bin", docs)
+    seq_len = 20
+    ds = TokenFiles(path, seq_len, dtype="uint16", eos_id=EOS, pack="none", shift_labels=False)
+    assert len(ds) == len(docs)
+    collator = transformers.DataCollatorWithFlattening(return_tensors="np",
+                                                       return_flash_attn_kwargs=True)
+    idx = [4, 0, 17, 9, 29]
+    ours = ds.gather_batch(np.array(idx), np.empty)
+    theirs = collator([{"input_ids": [int(x) for x in docs[i][:seq_len]]} for i in idx])
+    np.testing.assert_array_equal(ours["input_ids"], theirs["input_ids"])
+    np.testing.assert_array_equal(ours["labels"], theirs["labels"])
+    np.testing.assert_array_equal(ours["position_ids"], theirs["position_ids"])
+    np.testing.assert_array_equal(ours["cu_seqlens"], np.asarray(theirs["cu_seq_lens_q"]))
+    assert int(ours["max_seqlen"]) == int(theirs["max_length_q"])
+
+
+def test_none_shifted_labels_stay_in_their_document(tmp_path):
+    docs = make_docs(10, seed=7)
+    ds = TokenFiles(write_bin(tmp_path / "n.bin", docs), 50, dtype="uint16", eos_id=EOS,
+                    pack="none")
+    batch = ds.gather_batch(np.array([2, 5]), np.empty)
+    check_batch(batch, oracle_layout([[list(docs[2]), list(docs[5])]], True))
+
+
+# -- Megatron's indexed dataset ------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["prefix", "prefix.bin", "prefix.idx"])
+def test_megatron_documents_from_its_index(tmp_path, name):
+    rng = np.random.default_rng(8)
+    sequences = [rng.integers(1, 1000, size=rng.integers(2, 30)) for _ in range(40)]
+    # Documents of one to three sequences each.
+    doc_idx = [0]
+    while doc_idx[-1] < len(sequences):
+        doc_idx.append(min(len(sequences), doc_idx[-1] + int(rng.integers(1, 4))))
+    prefix = write_megatron(tmp_path / "prefix", sequences, doc_idx, np.int32)
+    docs = [np.concatenate(sequences[a:b]) for a, b in zip(doc_idx[:-1], doc_idx[1:])]
+    arg = prefix if name == "prefix" else str(tmp_path / name)
+    seq_len = 16
+    ds = TokenFiles(arg, seq_len, pack="documents", shuffle_window=8, shift_labels=False)
+    rows = oracle_document_rows(docs, seq_len, 8)
+    check_batch(ds.gather_batch(np.arange(len(ds)), np.empty), oracle_layout(rows, False))
+    none = TokenFiles(arg, 1000, pack="none")
+    assert len(none) == len(docs)
+    check_batch(none.gather_batch(np.array([1, 0]), np.empty),
+                oracle_layout([[list(docs[1]), list(docs[0])]], True))
+    # Windows: documents end where the index says, not at any token.
+    win = TokenFiles(arg, seq_len)
+    stream = np.concatenate(docs)
+    ends = set(np.cumsum([len(d) for d in docs]).tolist())
+    b = win.gather_batch(np.array([2]), np.empty)
+    row = stream[2 * (seq_len + 1):3 * (seq_len + 1)]
+    for t in range(seq_len):
+        last = (2 * (seq_len + 1) + t + 1) in ends
+        assert b["labels"][0, t] == (IGNORE_INDEX if last else row[t + 1])
+
+
+# -- through the loader: both faces, every num_workers, resume ----------------------------
+
+def _loader_batches(ds, face, num_workers, **kw):
+    if face == "torch":
+        torch_face = pytest.importorskip("netcl_loader.torch")
+        loader = torch_face.DataLoader(ds, batch_size=kw.pop("batch_size", 4),
+                                       num_workers=num_workers, **kw)
+    else:
+        loader = netcl_loader.DataLoader(ds, batch_size=kw.pop("batch_size", 4),
+                                         num_workers=num_workers, **kw)
+    return loader
+
+
+@pytest.mark.parametrize("pack", ["window", "documents", "none"])
+@pytest.mark.parametrize("face", ["numpy", "torch"])
+def test_same_batches_for_every_num_workers_and_both_faces(tmp_path, pack, face):
+    docs = make_docs(80, seed=9)
+    ds = TokenFiles(write_bin(tmp_path / "t.bin", docs), 16, dtype="uint16", eos_id=EOS,
+                    pack=pack, shuffle_window=20)
+    expected = [ds.gather_batch(b, np.empty) for b in np.array_split(
+        np.random.default_rng([3, 0]).permutation(len(ds)), range(4, len(ds), 4))]
+    for nw in (0, 2):
+        with _loader_batches(ds, face, nw, shuffle=True, seed=3) as loader:
+            got = list(loader)
+        assert len(got) == len(expected)
+        for g, e in zip(got, expected):
+            if face == "torch":
+                torch = pytest.importorskip("torch")
+                assert all(isinstance(v, torch.Tensor) for v in g.values())
+            g = as_numpy(g)
+            assert set(g) == set(e)
+            for k in e:
+                np.testing.assert_array_equal(g[k], e[k])
+
+
+@pytest.mark.parametrize("pack", ["window", "documents", "none"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resume_mid_epoch_and_at_zero_equals_the_uninterrupted_run(tmp_path, pack, num_workers):
+    docs = make_docs(90, seed=10)
+    ds = TokenFiles(write_bin(tmp_path / "r.bin", docs), 12, dtype="uint16", eos_id=EOS,
+                    pack=pack, shuffle_window=10)
+    with netcl_loader.DataLoader(ds, batch_size=3, num_workers=num_workers, seed=5) as loader:
+        full = list(loader) + list(loader)           # epochs 0 and 1
+    per_epoch = len(full) // 2
+    for stop in (0, per_epoch // 2):
+        with netcl_loader.DataLoader(ds, batch_size=3, num_workers=num_workers,
+                                     seed=5) as first:
+            it = iter(first)
+            for _ in range(stop):
+                next(it)
+            state = json.loads(json.dumps(first.state_dict()))
+        with netcl_loader.DataLoader(ds, batch_size=3, num_workers=num_workers,
+                                     seed=5) as second:
+            second.load_state_dict(state)
+            rest = list(second) + list(second)
+        assert len(rest) == 2 * per_epoch - stop
+        for g, e in zip(rest, full[stop:]):
+            for k in e:
+                np.testing.assert_array_equal(g[k], e[k])
+
+
+def test_ranks_cover_the_epoch(tmp_path):
+    docs = make_docs(50, seed=11)
+    ds = TokenFiles(write_bin(tmp_path / "w.bin", docs), 10, dtype="uint16", eos_id=EOS,
+                    pack="documents", shuffle_window=10)
+    seen = []
+    for rank in range(2):
+        with netcl_loader.DataLoader(ds, batch_size=2, num_workers=0, seed=1, rank=rank,
+                                     world_size=2, drop_last=False) as loader:
+            for b in loader:
+                seen.extend(map(tuple, b["input_ids"]))
+    rows = {tuple(r) for r in ds.gather_batch(np.arange(len(ds)), np.empty)["input_ids"]}
+    assert set(seen) == rows
+
+
+@pytest.mark.parametrize("old_ws,new_ws", [(2, 3), (4, 2)])
+def test_resume_across_world_sizes_covers_the_epoch_once(tmp_path, old_ws, new_ws):
+    docs = make_docs(120, seed=13)
+    ds = TokenFiles(write_bin(tmp_path / "ws.bin", docs), 10, dtype="uint16", eos_id=EOS,
+                    pack="documents", shuffle_window=16)
+    rows = [tuple(r) for r in ds.gather_batch(np.arange(len(ds)), np.empty)["input_ids"]]
+    assert len(set(rows)) == len(rows)
+    seen, state = [], None
+    for rank in range(old_ws):
+        with netcl_loader.DataLoader(ds, batch_size=2, num_workers=0, seed=3, rank=rank,
+                                     world_size=old_ws) as loader:
+            it = iter(loader)
+            for _ in range(3):
+                seen.extend(map(tuple, next(it)["input_ids"]))
+            state = json.loads(json.dumps(loader.state_dict()))
+    left = []
+    for rank in range(new_ws):
+        with netcl_loader.DataLoader(ds, batch_size=2, num_workers=2, seed=3, rank=rank,
+                                     world_size=new_ws) as loader:
+            loader.load_state_dict(state)
+            for b in loader:
+                left.extend(map(tuple, b["input_ids"]))
+    assert not set(seen) & set(left)
+    assert set(seen) | set(left) == set(rows)
+    assert len(left) - len(set(left)) < new_ws            # only the padding repeats
+
+
+def test_a_tiny_llama_learns_from_the_torch_face(tmp_path):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from netcl_loader.torch import DataLoader
+    rng = np.random.default_rng(12)
+    # Learnable documents: counting up from a random start.
+    docs = [np.append((int(rng.integers(1, 20)) + np.arange(int(rng.integers(5, 30)))) % 60 + 1,
+                      EOS) for _ in range(300)]
+    ds = TokenFiles(write_bin(tmp_path / "l.bin", docs), 32, dtype="uint16", eos_id=EOS,
+                    pack="documents", shift_labels=False)
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=4, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    loader = DataLoader(ds, batch_size=8, shuffle=True, num_workers=2, seed=0)
+    for _ in range(2):
+        for batch in loader:
+            loss = model(**batch).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+    loader.close()
+    assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
+
+
+# -- mixtures ------------------------------------------------------------------------
+
+def _sources(tmp_path, sizes=(30, 200, 60)):
+    out = []
+    for k, n in enumerate(sizes):
+        docs = make_docs(n, seed=20 + k)
+        out.append(TokenFiles(write_bin(tmp_path / f"m{k}.bin", docs), 8, dtype="uint16",
+                              eos_id=EOS, pack="none"))
+    return out
+
+
+def test_mixture_prefix_counts_stay_within_one_sample(tmp_path):
+    sources = _sources(tmp_path)
+    for weights in ([0.5, 0.3, 0.2], [1, 1, 1], [0.05, 0.9, 0.05], [3, 0, 1]):
+        mix = Mixture(sources, weights, num_samples=1000)
+        w = np.asarray(weights, float) / sum(weights)
+        counts = np.zeros(3)
+        for j, k in enumerate(mix.source, start=1):
+            counts[k] += 1
+            assert np.all(np.abs(counts - w * j) < 1), (weights, j, counts)
+
+
+def test_mixture_repeats_small_sources_with_a_reshuffled_pass(tmp_path):
+    sources = _sources(tmp_path, sizes=(5, 100))
+    mix = Mixture(sources, [0.5, 0.5], num_samples=40)
+    src, local = mix.locate(np.arange(40))
+    small = local[src == 0]
+    assert len(small) == 20
+    passes = small.reshape(4, 5)
+    for p in passes:
+        assert sorted(p) == list(range(5))        # each pass reads the source once
+    assert not all(np.array_equal(passes[0], p) for p in passes[1:])
+
+
+@pytest.mark.parametrize("pack", ["window", "documents", "none"])
+def test_mixture_batches_are_their_sources_rows(tmp_path, pack):
+    sources = []
+    for k in range(2):
+        docs = make_docs(40, seed=40 + k)
+        sources.append(TokenFiles(write_bin(tmp_path / f"s{k}.bin", docs), 10, dtype="uint16",
+                                  eos_id=EOS, pack=pack, shuffle_window=8))
+    mix = Mixture(sources, [0.4, 0.6], num_samples=30)
+    idx = np.array([5, 0, 17, 29, 3])
+    got = mix.gather_batch(idx, np.empty)
+    src, local = mix.locate(idx)
+    if pack == "none":
+        rows = [[[int(x) for x in sources[k].stream.tokens(
+            int(sources[k]._doc_start[j]), int(sources[k]._doc_start[j] + sources[k]._doc_len[j]))]
+            for k, j in zip(src, local)]]
+        check_batch(got, oracle_layout(rows, True))
+        return
+    one = [sources[k].gather_batch([j], np.empty) for k, j in zip(src, local)]
+    for key in ("input_ids", "labels", "position_ids"):
+        np.testing.assert_array_equal(got[key], np.concatenate([o[key] for o in one]))
+    cu = np.concatenate([o["cu_seqlens"][:-1] + r * 10 for r, o in enumerate(one)] + [[50]])
+    np.testing.assert_array_equal(got["cu_seqlens"], cu)
+    with netcl_loader.DataLoader(mix, batch_size=5, shuffle=False, num_workers=2) as loader:
+        first = next(iter(loader))
+    np.testing.assert_array_equal(first["input_ids"],
+                                  mix.gather_batch(np.arange(5), np.empty)["input_ids"])
+
+
+def test_mixture_of_other_datasets_collates_their_samples():
+    a = netcl_loader.ArrayDataset(np.zeros(10, np.int64))
+    b = netcl_loader.ArrayDataset(np.ones(40, np.int64))
+    mix = Mixture([a, b], [0.25, 0.75])
+    with netcl_loader.DataLoader(mix, batch_size=10, shuffle=False, num_workers=0) as loader:
+        sources = np.concatenate([batch[0] for batch in loader])
+    assert len(sources) == 50
+    counts = np.cumsum(sources == 0)
+    j = np.arange(1, 51)
+    assert np.all(np.abs(counts - 0.25 * j) < 1)
+
+
+def test_mixture_batches_resume_exactly(tmp_path):
+    sources = _sources(tmp_path)
+    mix = Mixture(sources, [0.2, 0.5, 0.3], num_samples=120)
+    with netcl_loader.DataLoader(mix, batch_size=8, num_workers=2, seed=9) as loader:
+        full = list(loader)
+    with netcl_loader.DataLoader(mix, batch_size=8, num_workers=2, seed=9) as loader:
+        it = iter(loader)
+        for _ in range(5):
+            next(it)
+        state = loader.state_dict()
+    with netcl_loader.DataLoader(mix, batch_size=8, num_workers=0, seed=9) as loader:
+        loader.load_state_dict(state)
+        rest = list(loader)
+    assert len(rest) == len(full) - 5
+    for g, e in zip(rest, full[5:]):
+        for k in e:
+            np.testing.assert_array_equal(g[k], e[k])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_mixture_weight_change_by_loading_the_state(tmp_path, num_workers):
+    """A state saved under one set of weights, loaded by a loader over a Mixture made
+    with other weights, goes on from its position with the new weights."""
+    sources = _sources(tmp_path)
+    old = Mixture(sources, [0.2, 0.5, 0.3], num_samples=200)
+    with netcl_loader.DataLoader(old, batch_size=10, shuffle=False,
+                                 num_workers=num_workers) as loader:
+        it = iter(loader)
+        done = [next(it) for _ in range(6)]
+        state = json.loads(json.dumps(loader.state_dict()))
+    assert "dataset_order" in state
+    new = Mixture(sources, [0.6, 0.2, 0.2], num_samples=200)
+    expected = old.with_weights([0.6, 0.2, 0.2], 60)
+    with netcl_loader.DataLoader(new, batch_size=10, shuffle=False,
+                                 num_workers=num_workers) as loader:
+        list(loader)                     # a pool on the new weights from 0, ended by the load
+        loader.load_state_dict(state)
+        rest = list(loader)
+    np.testing.assert_array_equal(new.source, expected.source)
+    assert len(rest) == 14
+    for j, batch in enumerate(rest):
+        want = expected.gather_batch(np.arange(60 + 10 * j, 70 + 10 * j), np.empty)
+        for k in want:
+            np.testing.assert_array_equal(batch[k], want[k])
+    for j, batch in enumerate(done):
+        np.testing.assert_array_equal(
+            batch["input_ids"], expected.gather_batch(np.arange(10 * j, 10 * j + 10),
+                                                      np.empty)["input_ids"])
+    # Saved again and loaded with the same weights: the history goes on as it was.
+    with netcl_loader.DataLoader(new, batch_size=10, shuffle=False, num_workers=0) as loader:
+        it = iter(loader)
+        for _ in range(8):
+            next(it)
+        again = loader.state_dict()
+    same = Mixture(sources, [0.6, 0.2, 0.2], num_samples=200)
+    with netcl_loader.DataLoader(same, batch_size=10, shuffle=False, num_workers=0) as loader:
+        loader.load_state_dict(again)
+        list(loader)
+    np.testing.assert_array_equal(same.source, expected.source)
+
+
+def test_mixture_weight_change_at_a_resume(tmp_path):
+    sources = _sources(tmp_path)
+    mix = Mixture(sources, [0.2, 0.5, 0.3], num_samples=200)
+    with netcl_loader.DataLoader(mix, batch_size=10, shuffle=False, num_workers=0) as loader:
+        it = iter(loader)
+        for _ in range(6):
+            next(it)
+        state = loader.state_dict()
+    new = mix.with_weights([0.6, 0.2, 0.2], state)
+    np.testing.assert_array_equal(new.source[:60], mix.source[:60])
+    # Each source goes on where it stopped.
+    before = np.bincount(mix.source[:60], minlength=3)
+    src, local = new.locate(np.arange(60, 200))
+    for k in range(3):
+        assert list(local[src == k][:3]) == list(range(before[k], before[k] + 3))
+    # The new weights hold over every prefix after the change.
+    counts = np.zeros(3)
+    for j, k in enumerate(new.source[60:], start=1):
+        counts[k] += 1
+        assert np.all(np.abs(counts - np.array([0.6, 0.2, 0.2]) * j) < 1)
+    with netcl_loader.DataLoader(new, batch_size=10, shuffle=False, num_workers=0) as loader:
+        loader.load_state_dict(state)
+        rest = list(loader)
+    assert len(rest) == 14
+    np.testing.assert_array_equal(
+        rest[0]["input_ids"], new.gather_batch(np.arange(60, 70), np.empty)["input_ids"])
+
+
+# -- bad input ----------------------------------------------------------------------
+
+def test_bad_input_is_named_at_construction(tmp_path):
+    docs = make_docs(10, seed=30)
+    good = write_bin(tmp_path / "g.bin", docs)
+    odd = tmp_path / "odd.bin"
+    odd.write_bytes(b"\x01\x00\x02")
+    with pytest.raises(ValueError, match="odd.bin.*multiple"):
+        TokenFiles(odd, 8, dtype="uint16")
+    with pytest.raises(ValueError, match="seq_len"):
+        TokenFiles(good, 0, dtype="uint16")
+    with pytest.raises(ValueError, match="dtype"):
+        TokenFiles(good, 8)
+    with pytest.raises(ValueError, match="dtype"):
+        TokenFiles(good, 8, dtype="float32")
+    with pytest.raises(ValueError, match="eos_id=70000.*uint16"):
+        TokenFiles(good, 8, dtype="uint16", eos_id=70000)
+    with pytest.raises(ValueError, match="pad_id=-1.*uint16"):
+        TokenFiles(good, 8, dtype="uint16", pad_id=-1)
+    with pytest.raises(ValueError, match="pack"):
+        TokenFiles(good, 8, dtype="uint16", pack="greedy")
+    with pytest.raises(ValueError, match=r"datasets\[1\].*seq_len"):
+        Mixture([TokenFiles(good, 8, dtype="uint16"), TokenFiles(good, 9, dtype="uint16")],
+                [1, 1])
+    with pytest.raises(FileNotFoundError, match="missing.bin"):
+        TokenFiles(tmp_path / "missing.bin", 8, dtype="uint16")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        TokenFiles(good, 8, dtype="uint16", eos_id=999, pack="documents")
+    assert any("eos_id=999" in str(w.message) for w in caught)
+    sources = [TokenFiles(good, 8, dtype="uint16")] * 2
+    for weights, what in (([1, -1], "negative"), ([0, 0], "all zero"), ([1], "one weight")):
+        with pytest.raises(ValueError, match=what):
+            Mixture(sources, weights)
+
+
+def test_bad_megatron_index_is_named(tmp_path):
+    prefix = write_megatron(tmp_path / "mg", [[1, 2, 3], [4, 5]], [0, 1, 2])
+    idx = (tmp_path / "mg.idx").read_bytes()
+    (tmp_path / "bad.bin").write_bytes((tmp_path / "mg.bin").read_bytes())
+    (tmp_path / "bad.idx").write_bytes(b"NOTMEGA\x00\x00" + idx[9:])
+    with pytest.raises(ValueError, match="bad.idx.*header"):
+        TokenFiles(tmp_path / "bad", 4)
+    (tmp_path / "bad.idx").write_bytes(idx[:9] + struct.pack("<Q", 2) + idx[17:])
+    with pytest.raises(ValueError, match="bad.idx.*version 2"):
+        TokenFiles(tmp_path / "bad", 4)
+    (tmp_path / "bad.idx").write_bytes(idx[:-8])
+    with pytest.raises(ValueError, match="bad.idx.*counts"):
+        TokenFiles(tmp_path / "bad", 4)
+    (tmp_path / "bad.idx").write_bytes(idx)
+    (tmp_path / "bad.bin").write_bytes((tmp_path / "mg.bin").read_bytes()[:-2])
+    with pytest.raises(ValueError, match="bad.bin.*do not match"):
+        TokenFiles(tmp_path / "bad", 4)
+    assert len(TokenFiles(prefix, 4, pack="none")) == 2
+
+
+def test_docs_language_model_page_runs(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import pathlib
+    import re
+    page = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "text.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", page, re.S)
+    assert len(blocks) == 2
+    monkeypatch.chdir(tmp_path)
+    scope = {"__name__": "__main__"}   # the blocks guard their loops, as scripts
+    for code in blocks:
+        exec(compile(code, "docs/text.md", "exec"), scope)
+    assert scope["loss"].item() > 0
