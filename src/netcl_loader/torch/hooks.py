@@ -1,4 +1,4 @@
-"""The PyTorch face's hooks into each iteration and into frameworks: Accelerate, ``set_epoch``, process groups."""
+"""The PyTorch face's hooks into each iteration: Accelerate, ``set_epoch``, process groups."""
 from __future__ import annotations
 
 import sys

@@ -1,4 +1,4 @@
-"""The PyTorch face's ``DataLoader``: a ``torch.utils.data.DataLoader`` whose batches the engine makes."""
+"""The PyTorch face's ``DataLoader``: PyTorch's class, with batches made by the engine."""
 from __future__ import annotations
 
 import base64
@@ -11,7 +11,8 @@ import weakref
 from typing import TypeVar
 
 import torch
-from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler
+from torch.utils.data import (BatchSampler, DistributedSampler, RandomSampler,
+                              SubsetRandomSampler, WeightedRandomSampler)
 from torch.utils.data import DataLoader as _TorchDataLoader
 from torch.utils.data._utils.collate import default_collate, default_convert
 from torch.utils.data.dataloader import (_DatasetKind, _get_distributed_settings,
@@ -24,7 +25,7 @@ from .. import dataloader as _engine
 from .._options import is_iterable_dataset
 from .hooks import (AccelerateEpoch, BatchHook, LengthWarning, accelerate_gradient_state,
                     accelerate_prepare_check, attach_batch_sampler_epoch, warn_if_unsharded)
-from .samplers import _RANDOM_SAMPLERS, EngineOrderSampler, _RankOrder, _ShuffledOrder
+from .samplers import EngineOrderSampler, _RankOrder, _ShuffledOrder
 
 __all__ = ["DataLoader"]
 
@@ -47,9 +48,13 @@ _ENGINE_FED = frozenset({
     "seed", "transforms", "use_shared_mem", "zero_copy", "prefetch", "rank", "world_size",
     "output", "worker_seeding"})
 
-# -- the engine's position ---------------------------------------------------------------
-# The face reads and writes the engine's private position state here alone: the
-# epoch it stands at, a loaded state waiting to resume, where an iteration stopped.
+#: PyTorch's samplers that draw a new order at every iteration.
+_RANDOM_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
+
+
+# -- the engine's private state ------------------------------------------------------------
+# The face reads and writes the engine's position (the epoch it stands at, a loaded
+# state waiting to resume, where an iteration stopped) through these functions alone.
 
 #: The engine's position, carried over when it is rebuilt or unpickled.
 _POSITION = ("_next_epoch", "_epoch_from_caller", "_resume", "_stopped", "_resume_dataset",
@@ -101,6 +106,14 @@ def _hand_over_next_epoch(eng, other):
     """Give ``other`` the engine's next epoch and move the engine past it."""
     other._next_epoch = eng._next_epoch
     eng._next_epoch += 1
+
+
+def _end_pool(eng):
+    """End the engine's worker pool, if one runs (and the next epoch's iteration it
+    started early); the next iteration starts another."""
+    if eng._pool is not None:
+        eng._discard_prestarted()
+        eng._shutdown_pool()
 
 
 def _is_int(value):
@@ -323,9 +336,8 @@ rank, world_size
             # drops it (Lightning, at the end of fit/validate/predict) ends them.
             # Here they are the engine's pool, started again at the next iteration.
             eng = self.__dict__.get("_engine")
-            if eng is not None and eng._pool is not None:
-                eng._discard_prestarted()
-                eng._shutdown_pool()
+            if eng is not None:
+                _end_pool(eng)
 
     # -- the engine ------------------------------------------------------------
     def _engine_kwargs(self):
@@ -793,9 +805,8 @@ def _seed_datapipe(engine, generator):
     if engine.num_workers == 0:
         world_size, rank = _get_distributed_settings()
         apply_sharding(engine.dataset, world_size, rank)
-    elif engine._pool is not None:
-        engine._discard_prestarted()
-        engine._shutdown_pool()
+    else:
+        _end_pool(engine)
 
 
 def _engine_collate(collate_fn, batched):

@@ -1,9 +1,8 @@
-"""The orders of the PyTorch face: the loader's built-in order as PyTorch samplers, and ``random_split``."""
+"""Orders on the PyTorch face: the loader's built-in order as samplers, and ``random_split``."""
 from __future__ import annotations
 
 import torch
-from torch.utils.data import (RandomSampler, SequentialSampler, SubsetRandomSampler,
-                              WeightedRandomSampler)
+from torch.utils.data import RandomSampler, SequentialSampler
 
 from .._order import epoch_length, epoch_order
 from ..datasets import random_split as _random_split
@@ -19,10 +18,6 @@ def random_split(dataset, lengths, generator=torch.default_generator):
     split as PyTorch's, as :class:`netcl_loader.Subset` objects.
     """
     return _random_split(dataset, lengths, generator=generator)
-
-
-#: PyTorch's samplers that draw a new order at every iteration.
-_RANDOM_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
 
 
 class EngineOrderSampler:

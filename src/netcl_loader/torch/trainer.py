@@ -1,4 +1,4 @@
-"""Hugging Face's Trainer on the PyTorch face: ``TrainerMixin``, and the loader's position in its checkpoints."""
+"""``TrainerMixin``: Hugging Face's Trainer on the PyTorch face, resumed from its checkpoints."""
 from __future__ import annotations
 
 import contextlib
@@ -13,9 +13,6 @@ import torch
 from .loader import DataLoader
 
 __all__ = ["TrainerMixin"]
-
-
-# -- Hugging Face's Trainer -----------------------------------------------------------------
 
 #: The file a checkpoint keeps the training loader's position in (one a process
 #: when there are several, as Trainer names its ``rng_state_{process_index}.pth``).
