@@ -1,17 +1,4 @@
-"""The PyTorch face: a ``torch.utils.data.DataLoader`` made by netcl_loader's engine.
-
-Switching from PyTorch takes one changed import::
-
-    from netcl_loader.torch import DataLoader      # was: from torch.utils.data import DataLoader
-
-:class:`DataLoader` here is a subclass of ``torch.utils.data.DataLoader``:
-frameworks that check for one (Lightning, Accelerate, Hugging Face's Trainer)
-treat it as one.  Its attributes are the ones PyTorch sets, with PyTorch's
-values and PyTorch's rules for reassignment; underneath, the engine of
-:class:`netcl_loader.DataLoader` (the shared-memory ring, the persistent
-worker pool, the compiled collate) makes the batches.  Importing this module
-imports torch.
-"""
+"""The PyTorch face's ``DataLoader``: PyTorch's class, with batches made by the engine."""
 from __future__ import annotations
 
 import base64
@@ -25,7 +12,7 @@ from typing import TypeVar
 
 import torch
 from torch.utils.data import (BatchSampler, DistributedSampler, RandomSampler,
-                              SequentialSampler, SubsetRandomSampler, WeightedRandomSampler)
+                              SubsetRandomSampler, WeightedRandomSampler)
 from torch.utils.data import DataLoader as _TorchDataLoader
 from torch.utils.data._utils.collate import default_collate, default_convert
 from torch.utils.data.dataloader import (_DatasetKind, _get_distributed_settings,
@@ -34,27 +21,13 @@ from torch.utils.data.dataloader import (_DatasetKind, _get_distributed_settings
 from torch.utils.data.datapipes.datapipe import IterDataPipe, MapDataPipe
 from torch.utils.data.graph_settings import apply_random_seed, apply_sharding
 
-from . import _frameworks
-from . import dataloader as _engine
-from ._errors import LoaderTimeout
-from ._frameworks import TrainerMixin
-from ._options import is_iterable_dataset
-from ._order import epoch_length, epoch_order
-from ._worker_info import get_worker_info  # re-exported, as torch.utils.data has it
-from .datasets import random_split as _random_split
+from .. import dataloader as _engine
+from .._options import is_iterable_dataset
+from .hooks import (AccelerateEpoch, BatchHook, LengthWarning, accelerate_gradient_state,
+                    accelerate_prepare_check, attach_batch_sampler_epoch, warn_if_unsharded)
+from .samplers import EngineOrderSampler, _RankOrder, _ShuffledOrder
 
-__all__ = ["DataLoader", "EngineOrderSampler", "LoaderTimeout", "TrainerMixin",
-           "get_worker_info", "random_split"]
-
-
-def random_split(dataset, lengths, generator=torch.default_generator):
-    """PyTorch's ``random_split(dataset, lengths, generator=default_generator)``.
-
-    The permutation is ``torch.randperm`` with ``generator`` (torch's global
-    one by default, so ``torch.manual_seed`` makes it reproducible): the same
-    split as PyTorch's, as :class:`netcl_loader.Subset` objects.
-    """
-    return _random_split(dataset, lengths, generator=generator)
+__all__ = ["DataLoader"]
 
 
 class _Engine(_engine.DataLoader):
@@ -75,128 +48,72 @@ _ENGINE_FED = frozenset({
     "seed", "transforms", "use_shared_mem", "zero_copy", "prefetch", "rank", "world_size",
     "output", "worker_seeding"})
 
+#: PyTorch's samplers that draw a new order at every iteration.
+_RANDOM_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
+
+
+# -- the engine's private state ------------------------------------------------------------
+# The face reads and writes the engine's position (the epoch it stands at, a loaded
+# state waiting to resume, where an iteration stopped) through these functions alone.
+
 #: The engine's position, carried over when it is rebuilt or unpickled.
 _POSITION = ("_next_epoch", "_epoch_from_caller", "_resume", "_stopped", "_resume_dataset",
              "_stopped_dataset", "_generation")
 
 
-class EngineOrderSampler:
-    """The built-in order of a :class:`DataLoader`, as a sampler.
-
-    Iterating it gives the indices the loader yields in its current epoch (the
-    one being iterated, else the next): with ``shuffle=True`` the permutation
-    drawn from ``(seed, epoch)``, on this rank's share when the loader was
-    given ``rank``/``world_size``.  :meth:`set_epoch` sets the loader's epoch
-    (Lightning and Accelerate call it before every epoch).  The loader itself
-    does not iterate it: it makes the same order in its engine.
-
-    Once a framework assigns its own ``generator`` (Accelerate does so to
-    synchronise processes), the sampler draws as ``RandomSampler`` draws, from
-    that generator.
-    """
-
-    def _link(self, engine):
-        self._engine = engine
-        self._seed = engine.seed
-        self._epoch = engine._next_epoch
-
-    def _current_epoch(self):
-        eng = self._engine
-        if eng is None:
-            return self._epoch
-        it = eng._active() if eng._active is not None else None
-        if it is not None and not it.finished:
-            return it.epoch
-        if eng._resume is not None:
-            return eng._resume[0]
-        return eng._next_epoch
-
-    @property
-    def seed(self):
-        """The base seed of the order (the loader's)."""
-        return self._engine.seed if self._engine is not None else self._seed
-
-    @property
-    def epoch(self):
-        """The epoch whose order iterating this sampler gives."""
-        return self._current_epoch()
-
-    def set_epoch(self, epoch):
-        """Make ``epoch`` the loader's next epoch (see ``DataLoader.set_epoch``)."""
-        if self._engine is not None:
-            self._engine.set_epoch(epoch)
-        self._epoch = int(epoch)
-
-    def _indices(self):
-        n = len(self.data_source)
-        return epoch_order(self.data_source, n, self.seed, self._current_epoch(), self._shuffle,
-                           self._rank, self._world_size, self._drop_last).tolist()
-
-    def __iter__(self):
-        return iter(self._indices())
-
-    def __len__(self):
-        return epoch_length(self.data_source, len(self.data_source), self._world_size,
-                            self._drop_last)
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_epoch"] = self._current_epoch()
-        state["_seed"] = self.seed
-        state["_engine"] = None  # relinked by the loader that unpickles it
-        return state
+def _save_position(eng):
+    """The engine's position, to carry over to another engine (see _POSITION)."""
+    return tuple(getattr(eng, k) for k in _POSITION)
 
 
-class _ShuffledOrder(EngineOrderSampler, RandomSampler):
-    """``shuffle=True``: a ``RandomSampler`` (frameworks check for one) in the engine's order."""
-
-    _shuffle = True
-
-    def __init__(self, data_source, engine, generator=None):
-        RandomSampler.__init__(self, data_source, generator=generator)
-        self._own_generator = True
-        self._rank, self._world_size = engine.rank, engine.world_size
-        self._drop_last = engine.drop_last
-        self._link(engine)
-
-    @property
-    def generator(self):
-        return self.__dict__.get("_generator")
-
-    @generator.setter
-    def generator(self, value):
-        # RandomSampler.__init__ sets the loader's generator; a later
-        # assignment is a framework taking over the randomness.
-        self.__dict__["_generator"] = value
-        if self.__dict__.get("_own_generator"):
-            self._own_generator = False
-
-    def __iter__(self):
-        if not self._own_generator:
-            return RandomSampler.__iter__(self)
-        return iter(self._indices())
-
-    def __len__(self):
-        if not self._own_generator:
-            return RandomSampler.__len__(self)
-        return EngineOrderSampler.__len__(self)
+def _restore_position(eng, position):
+    """Put ``eng`` at a position that ``_save_position`` gave."""
+    for k, v in zip(_POSITION, position):
+        setattr(eng, k, v)
 
 
-class _RankOrder(EngineOrderSampler, SequentialSampler):
-    """``shuffle=False``: a ``SequentialSampler`` over this rank's share (the whole
-    dataset with one rank), with the loader's ``set_epoch``."""
-
-    _shuffle = False
-
-    def __init__(self, data_source, engine):
-        SequentialSampler.__init__(self, data_source)
-        self._rank, self._world_size = engine.rank, engine.world_size
-        self._drop_last = engine.drop_last
-        self._link(engine)
+def _running(eng):
+    """The engine's latest iteration while it is still referenced (finished or not), else None."""
+    return eng._active() if eng._active is not None else None
 
 
-#: PyTorch's samplers that draw a new order at every iteration.
-_RANDOM_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
+def _resume_pending(eng):
+    """Whether a loaded state waits for the engine's next iteration to resume it."""
+    return eng._resume is not None
+
+
+def _next_iteration_epoch(eng):
+    """The epoch the engine's next iteration runs: a loaded state's, else the next."""
+    return eng._resume[0] if eng._resume is not None else eng._next_epoch
+
+
+def _current_epoch(eng):
+    """The epoch being iterated, else the one the next iteration runs."""
+    it = _running(eng)
+    if it is not None and not it.finished:
+        return it.epoch
+    return _next_iteration_epoch(eng)
+
+
+def _inside_epoch(eng):
+    """Whether the engine stands inside an epoch: an iteration running, or one that
+    was left before its end."""
+    it = _running(eng)
+    return (it is not None and not it.finished) or eng._stopped is not None
+
+
+def _hand_over_next_epoch(eng, other):
+    """Give ``other`` the engine's next epoch and move the engine past it."""
+    other._next_epoch = eng._next_epoch
+    eng._next_epoch += 1
+
+
+def _end_pool(eng):
+    """End the engine's worker pool, if one runs (and the next epoch's iteration it
+    started early); the next iteration starts another."""
+    if eng._pool is not None:
+        eng._discard_prestarted()
+        eng._shutdown_pool()
 
 
 def _is_int(value):
@@ -318,89 +235,86 @@ rank, world_size
                 prefetch_factor = None
         drawn = seed is None
         if seed is None and generator is None:
-            # PyTorch draws its base seed from the global RNG: torch.manual_seed(s)
-            # before building the loader makes a run reproducible, here too.
-            seed = int(torch.empty((), dtype=torch.int64).random_().item()) & ((1 << 63) - 1)
-        # The engine first: its checks name the arguments and values.  It gets
-        # the order as it is meant (the built-in one unless a sampler is given)
-        # and PyTorch's default collate as its own compiled one.
-        batched = batch_size is not None or batch_sampler is not None
-        iterable = is_iterable_dataset(dataset)
-        # PyTorch judges its flags by truthiness (shuffle=None is its default):
-        # the engine, which refuses a flag that is not a bool, gets them as bools.
-        eng = _Engine(
-            dataset, batch_size=batch_size, shuffle=bool(shuffle) and not iterable,
-            drop_last=bool(drop_last),
-            num_workers=num_workers, prefetch=prefetch, seed=seed, transforms=transforms,
-            use_shared_mem=use_shared_mem, sampler=sampler, batch_sampler=batch_sampler,
-            collate_fn=_engine_collate(collate_fn, batched), zero_copy=zero_copy,
-            in_order=bool(in_order), timeout=timeout,
-            worker_init_fn=_datapipe_worker_init(dataset, worker_init_fn),
-            multiprocessing_context=multiprocessing_context,
-            **_engine_shard(sampler, batch_sampler, rank, world_size),
-            output=output, worker_seeding=worker_seeding, prefetch_factor=prefetch_factor,
-            persistent_workers=bool(persistent_workers), pin_memory=bool(pin_memory),
-            pin_memory_device=pin_memory_device, generator=generator,
-            device_queue=device_queue, async_transfer=async_transfer)
+            seed = _seed_from_torch()
+        torch_args = dict(dataset=dataset, batch_size=batch_size, shuffle=shuffle,
+                          sampler=sampler, batch_sampler=batch_sampler, num_workers=num_workers,
+                          collate_fn=collate_fn, pin_memory=pin_memory, drop_last=drop_last,
+                          timeout=timeout, worker_init_fn=worker_init_fn,
+                          multiprocessing_context=multiprocessing_context, generator=generator,
+                          prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+                          pin_memory_device=pin_memory_device, in_order=in_order)
+        # The engine first: its checks name the arguments and values.
+        eng = _Engine(dataset, **_first_engine_kwargs(
+            torch_args, seed=seed, transforms=transforms, use_shared_mem=use_shared_mem,
+            zero_copy=zero_copy, prefetch=prefetch, rank=rank, world_size=world_size,
+            output=output, worker_seeding=worker_seeding, device_queue=device_queue,
+            async_transfer=async_transfer))
+        self._torch_init(eng, torch_args)
+        built_in = self._order_of_engine(eng, torch_args)
+        if prefetch is not None:
+            self._set_torch("prefetch_factor", None)  # prefetch decides
+        self._keep_own_keywords(dict(
+            seed=None if drawn and generator is not None else eng.seed, transforms=transforms,
+            use_shared_mem=use_shared_mem, zero_copy=zero_copy, prefetch=prefetch, rank=rank,
+            world_size=world_size, output=output, worker_seeding=worker_seeding))
+        self._take_engine(eng, built_in, own_batch_sampler=batch_sampler is None)
+
+    def _torch_init(self, eng, torch_args):
+        """PyTorch's constructor: it sets its attributes as PyTorch does (and refuses
+        what PyTorch refuses, with its messages; ``eng`` then ends)."""
         try:
-            # PyTorch's constructor sets its attributes as PyTorch does (and
-            # refuses what PyTorch refuses, with its messages).
             # By keyword: a framework that records the arguments of this call
             # (Lightning, when this class was imported after its hook began)
             # passes them back with a sampler of its own by keyword.
-            super().__init__(dataset=dataset, batch_size=batch_size, shuffle=shuffle,
-                             sampler=sampler, batch_sampler=batch_sampler,
-                             num_workers=num_workers, collate_fn=collate_fn,
-                             pin_memory=pin_memory, drop_last=drop_last, timeout=timeout,
-                             worker_init_fn=worker_init_fn,
-                             multiprocessing_context=multiprocessing_context,
-                             generator=generator, prefetch_factor=prefetch_factor,
-                             persistent_workers=persistent_workers,
-                             pin_memory_device=pin_memory_device, in_order=in_order)
+            super().__init__(**torch_args)
         except BaseException:
             eng.close()
             raise
+
+    def _order_of_engine(self, eng, torch_args):
+        """PyTorch's ``sampler`` and ``batch_sampler`` (and dataset kind) made to say what
+        the engine does; True when the engine makes its built-in order."""
+        dataset, batch_size, drop_last = (torch_args[k] for k in ("dataset", "batch_size",
+                                                                  "drop_last"))
         if eng.iterable and self._dataset_kind != _DatasetKind.Iterable:
             # An iterable-style dataset that is not a torch IterableDataset.
             self._set_torch("_dataset_kind", _DatasetKind.Iterable)
             self._set_torch("sampler", _InfiniteConstantSampler())
             if batch_size is not None:
                 self._set_torch("batch_sampler", BatchSampler(self.sampler, batch_size, drop_last))
-        built_in = sampler is None and batch_sampler is None and not eng.iterable
+        built_in = (torch_args["sampler"] is None and torch_args["batch_sampler"] is None
+                    and not eng.iterable)
         if built_in:
             # The built-in order, as a sampler that iterates in it.
             # (Unshuffled too: a SequentialSampler whose set_epoch sets the loader's.)
-            order = (_ShuffledOrder(dataset, eng, generator) if shuffle
-                     else _RankOrder(dataset, eng))
+            order = (_ShuffledOrder(dataset, eng, _current_epoch, torch_args["generator"])
+                     if torch_args["shuffle"] else _RankOrder(dataset, eng, _current_epoch))
             self._set_torch("sampler", order)
             if batch_size is not None:
                 self._set_torch("batch_sampler", BatchSampler(order, batch_size, drop_last))
-        if prefetch is not None:
-            self._set_torch("prefetch_factor", None)  # prefetch decides
-        # This package's keywords, as attributes of their own name.
-        self.seed = None if drawn and generator is not None else eng.seed
-        self.transforms = transforms
-        self.use_shared_mem = use_shared_mem
-        self.zero_copy = zero_copy
-        self.prefetch = prefetch
-        self.rank = rank
-        self.world_size = world_size
-        self.output = output
-        self.worker_seeding = worker_seeding
+        return built_in
+
+    def _keep_own_keywords(self, own):
+        """This package's keywords, as attributes of their own name (``seed`` as drawn,
+        unless ``generator`` drew it), so that a framework that re-creates the loader
+        from its attributes (Lightning) gets the same loader."""
+        for name, value in own.items():
+            setattr(self, name, value)
         saved = self.__dict__.get("__pl_saved_kwargs")
         if isinstance(saved, dict) and "in_order" in saved and "seed" not in saved:
             # Lightning recorded PyTorch's __init__ call alone (this class's
             # __init__ was not wrapped): it re-creates the loader from what it
             # recorded, so this package's keywords go with them.
-            saved.update(seed=self.seed, transforms=transforms, use_shared_mem=use_shared_mem,
-                         zero_copy=zero_copy, prefetch=prefetch, rank=rank,
-                         world_size=world_size, output=output, worker_seeding=worker_seeding)
+            saved.update(own)
+
+    def _take_engine(self, eng, built_in, own_batch_sampler):
+        """Make ``eng`` this loader's engine, from now on fed by its attributes."""
         object.__setattr__(self, "_built_in", built_in)
         # A batch sampler made here (not the user's) reaches the loader's epoch.
-        own_batches = batch_sampler is None and not eng.iterable
+        own_batches = own_batch_sampler and not eng.iterable
         object.__setattr__(self, "_own_batch_sampler", own_batches)
         if own_batches:
-            _frameworks.attach_batch_sampler_epoch(self)
+            attach_batch_sampler_epoch(self)
         object.__setattr__(self, "_drawn_seed", eng.seed)
         object.__setattr__(self, "_engine", eng)
         object.__setattr__(self, "_stale", False)
@@ -422,9 +336,8 @@ rank, world_size
             # drops it (Lightning, at the end of fit/validate/predict) ends them.
             # Here they are the engine's pool, started again at the next iteration.
             eng = self.__dict__.get("_engine")
-            if eng is not None and eng._pool is not None:
-                eng._discard_prestarted()
-                eng._shutdown_pool()
+            if eng is not None:
+                _end_pool(eng)
 
     # -- the engine ------------------------------------------------------------
     def _engine_kwargs(self):
@@ -469,11 +382,10 @@ rank, world_size
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # its warnings were given at construction
             new = _Engine(self.dataset, **self._engine_kwargs())
-        position = (tuple(getattr(eng, k) for k in _POSITION) if eng is not None
+        position = (_save_position(eng) if eng is not None
                     else self.__dict__.get("_position"))
         if position is not None:
-            for k, v in zip(_POSITION, position):
-                setattr(new, k, v)
+            _restore_position(new, position)
         if eng is not None:
             eng._finish_uploads()
             new._uploader, eng._uploader = eng._uploader, None  # a bound queue stays bound
@@ -482,18 +394,17 @@ rank, world_size
         object.__setattr__(self, "_stale", False)
         for s in (self.sampler, getattr(self.batch_sampler, "sampler", None)):
             if isinstance(s, EngineOrderSampler) and getattr(s, "_engine", None) in (eng, None):
-                s._link(new)
-                if position is not None:
-                    s._epoch = new._next_epoch
+                s._link(new, _current_epoch)
         return new
 
     # -- PyTorch's DataLoader API ---------------------------------------------------
     def _get_iterator(self):
         eng = self._eng()
-        old = eng._active() if eng._active is not None else None
+        old = _running(eng)
         if old is not None and (old.finished or old.prestarted or _delivered_all(old)):
             old = None
-        if old is not None and not isinstance(eng.dataset, IterDataPipe) and eng._resume is None:
+        if (old is not None and not isinstance(eng.dataset, IterDataPipe)
+                and not _resume_pending(eng)):
             # An unfinished iteration is still held (zip(loader, loader), the same
             # loader for training and for Lightning's mid-epoch validation): PyTorch
             # runs both, and so does this loader, the new one on an engine of its own.
@@ -511,14 +422,14 @@ rank, world_size
                 self.collate_fn is default_collate or self.collate_fn is None):
             # A dataset whose batches the face reshapes (detection targets: flat
             # tensors to torchvision's list of per-image dicts, as views).
-            it = _BatchHook(it, hook)
+            it = BatchHook(it, hook)
         if (self._dataset_kind == _DatasetKind.Iterable
                 and self._IterableDataset_len_called is not None):
-            it = _LengthWarning(it, self)
-        _frameworks.warn_if_unsharded(self)
-        gradient_state = _frameworks.accelerate_gradient_state()
+            it = LengthWarning(it, self)
+        warn_if_unsharded(self)
+        gradient_state = accelerate_gradient_state()
         if gradient_state is not None:
-            it = _frameworks.AccelerateEpoch(it, gradient_state)
+            it = AccelerateEpoch(it, gradient_state)
         return it
 
     def _main_iteration(self, eng, old):
@@ -530,8 +441,7 @@ rank, world_size
         if found is not None and found[1] is not None:
             # The state the sampler draws this epoch's order from (state_dict saves it).
             object.__setattr__(self, "_order_drawn",
-                               (found[1], eng._resume[0] if eng._resume is not None
-                                else eng._next_epoch, found[1].get_state()))
+                               (found[1], _next_iteration_epoch(eng), found[1].get_state()))
         if old is not None:
             if isinstance(eng.dataset, IterDataPipe):
                 # A DataPipe's pool restarts for every iteration (its shufflers are
@@ -556,8 +466,7 @@ rank, world_size
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # its warnings were given at construction
             side = _Engine(self.dataset, **kw)
-        side._next_epoch = eng._next_epoch
-        eng._next_epoch += 1
+        _hand_over_next_epoch(eng, side)
         return iter(side)
 
     def __iter__(self):
@@ -602,9 +511,7 @@ rank, world_size
             # from the state kept when it began (workers draw the sampler at
             # iter(), before any next()).  Otherwise the next iteration draws
             # from the state the generator has now.
-            it = eng._active() if eng._active is not None else None
-            inside = (it is not None and not it.finished) or eng._stopped is not None
-            if (inside and eng._resume is None and drawn is not None
+            if (_inside_epoch(eng) and not _resume_pending(eng) and drawn is not None
                     and drawn[0] is gen and drawn[1] == state["epoch"]):
                 raw = drawn[2]  # the epoch was drawn from this state
             else:
@@ -724,7 +631,7 @@ rank, world_size
         state["_stale"] = False
         state.pop("_order_drawn", None)  # this process's generator, not the copy's
         if eng is not None:
-            state["_position"] = tuple(getattr(eng, k) for k in _POSITION)
+            state["_position"] = _save_position(eng)
         return state
 
     def __setstate__(self, state):
@@ -732,7 +639,7 @@ rank, world_size
         # (and with it the pool, lazily) is rebuilt at first use.
         self.__dict__.update(state)
         if state.get("_own_batch_sampler"):
-            _frameworks.attach_batch_sampler_epoch(self)
+            attach_batch_sampler_epoch(self)
 
     # -- Accelerate -------------------------------------------------------------
     @property
@@ -741,11 +648,42 @@ rank, world_size
         # with torch.utils.data.DataLoader.
         if self.__dict__.get("_accelerate_prepared"):
             return True
-        return _frameworks.accelerate_prepare_check(self)
+        return accelerate_prepare_check(self)
 
     @_is_accelerate_prepared.setter
     def _is_accelerate_prepared(self, value):
         object.__setattr__(self, "_accelerate_prepared", bool(value))
+
+
+def _seed_from_torch():
+    """A base seed drawn from torch's global RNG, as PyTorch draws its own:
+    ``torch.manual_seed(s)`` before building the loader makes a run reproducible, here too.
+    The mask keeps it a non-negative 63-bit integer."""
+    return int(torch.empty((), dtype=torch.int64).random_().item()) & ((1 << 63) - 1)
+
+
+def _first_engine_kwargs(torch_args, **netcl_args):
+    """The first engine's arguments, from the loader's as given (PyTorch's ones in
+    ``torch_args``, this package's in ``netcl_args``).  The engine gets the order as
+    it is meant (the built-in one unless a sampler is given) and PyTorch's default
+    collate as its own compiled one."""
+    a = torch_args
+    dataset, batch_size, batch_sampler = a["dataset"], a["batch_size"], a["batch_sampler"]
+    batched = batch_size is not None or batch_sampler is not None
+    rank, world_size = netcl_args.pop("rank"), netcl_args.pop("world_size")
+    # PyTorch judges its flags by truthiness (shuffle=None is its default):
+    # the engine, which refuses a flag that is not a bool, gets them as bools.
+    return dict(
+        batch_size=batch_size, shuffle=bool(a["shuffle"]) and not is_iterable_dataset(dataset),
+        drop_last=bool(a["drop_last"]), num_workers=a["num_workers"],
+        sampler=a["sampler"], batch_sampler=batch_sampler,
+        collate_fn=_engine_collate(a["collate_fn"], batched), in_order=bool(a["in_order"]),
+        timeout=a["timeout"], worker_init_fn=_datapipe_worker_init(dataset, a["worker_init_fn"]),
+        multiprocessing_context=a["multiprocessing_context"],
+        **_engine_shard(a["sampler"], batch_sampler, rank, world_size),
+        prefetch_factor=a["prefetch_factor"], persistent_workers=bool(a["persistent_workers"]),
+        pin_memory=bool(a["pin_memory"]), pin_memory_device=a["pin_memory_device"],
+        generator=a["generator"], **netcl_args)
 
 
 def _pytorch_checks(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers,
@@ -769,21 +707,30 @@ def _pytorch_checks(dataset, batch_size, shuffle, sampler, batch_sampler, num_wo
     if persistent_workers and num_workers == 0:
         raise ValueError(f"persistent_workers option needs num_workers > 0 "
                          f"(got persistent_workers={persistent_workers!r}, num_workers=0)")
-    ctx = multiprocessing_context
-    if ctx is not None:
-        if num_workers == 0:
-            raise ValueError(f"multiprocessing_context can only be used with multi-process "
-                             f"loading (num_workers > 0), but got num_workers=0 "
-                             f"(multiprocessing_context={ctx!r})")
-        if isinstance(ctx, str):
-            methods = torch.multiprocessing.get_all_start_methods()
-            if ctx not in methods:
-                raise ValueError(f"multiprocessing_context option should specify a valid start "
-                                 f"method in {methods!r}, but got multiprocessing_context={ctx!r}")
-        elif not isinstance(ctx, multiprocessing.context.BaseContext):
-            raise TypeError(f"multiprocessing_context option should be a valid context object "
-                            f"or a string specifying the start method, but got "
-                            f"multiprocessing_context={ctx!r}")
+    if multiprocessing_context is not None:
+        _check_multiprocessing_context(multiprocessing_context, num_workers)
+    _check_order_arguments(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last)
+
+
+def _check_multiprocessing_context(ctx, num_workers):
+    """PyTorch's checks of a ``multiprocessing_context`` given (not None)."""
+    if num_workers == 0:
+        raise ValueError(f"multiprocessing_context can only be used with multi-process "
+                         f"loading (num_workers > 0), but got num_workers=0 "
+                         f"(multiprocessing_context={ctx!r})")
+    if isinstance(ctx, str):
+        methods = torch.multiprocessing.get_all_start_methods()
+        if ctx not in methods:
+            raise ValueError(f"multiprocessing_context option should specify a valid start "
+                             f"method in {methods!r}, but got multiprocessing_context={ctx!r}")
+    elif not isinstance(ctx, multiprocessing.context.BaseContext):
+        raise TypeError(f"multiprocessing_context option should be a valid context object "
+                        f"or a string specifying the start method, but got "
+                        f"multiprocessing_context={ctx!r}")
+
+
+def _check_order_arguments(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last):
+    """PyTorch's checks of the arguments that say the order and the batching."""
     if is_iterable_dataset(dataset):
         # An IterDataPipe takes shuffle (PyTorch sets its shufflers with it).
         if shuffle not in (False, None) and not isinstance(dataset, IterDataPipe):
@@ -858,9 +805,8 @@ def _seed_datapipe(engine, generator):
     if engine.num_workers == 0:
         world_size, rank = _get_distributed_settings()
         apply_sharding(engine.dataset, world_size, rank)
-    elif engine._pool is not None:
-        engine._discard_prestarted()
-        engine._shutdown_pool()
+    else:
+        _end_pool(engine)
 
 
 def _engine_collate(collate_fn, batched):
@@ -884,7 +830,7 @@ class _Reused:
     def _reset(self):
         loader = self._loader()
         eng = loader._eng()
-        old = eng._active() if eng._active is not None else None
+        old = _running(eng)
         if old is not None:
             old._abandon()  # PyTorch's _reset ends the running iteration without a word
         self._it = loader._get_iterator()
@@ -903,59 +849,3 @@ class _Reused:
         if it is None:
             raise AttributeError(name)
         return getattr(it, name)
-
-
-class _BatchHook:
-    """An iteration whose batches go through the dataset's ``_netcl_torch_batch``."""
-
-    def __init__(self, it, hook):
-        self._it = it
-        self._hook = hook
-
-    def __iter__(self):
-        return self
-
-    def __len__(self):
-        return len(self._it)
-
-    def __next__(self):
-        return self._hook(next(self._it))
-
-    def __getattr__(self, name):
-        return getattr(self._it, name)
-
-
-class _LengthWarning:
-    """An iteration of an iterable-style dataset whose length was asked: PyTorch's
-    warning once more batches come than ``len(dataset)`` said."""
-
-    def __init__(self, it, loader):
-        self._it = it
-        self._len = loader._IterableDataset_len_called
-        self._dataset = loader.dataset
-        self._workers = loader.num_workers
-        self._yielded = 0
-
-    def __iter__(self):
-        return self
-
-    def __len__(self):
-        return len(self._it)
-
-    def __next__(self):
-        batch = next(self._it)
-        self._yielded += 1
-        if self._yielded > self._len:
-            msg = (f"Length of IterableDataset {self._dataset} was reported to be {self._len}"
-                   f"(when accessing len(dataloader)), but {self._yielded} samples have been "
-                   f"fetched. ")
-            if self._workers > 0:
-                msg += ("For multiprocessing data-loading, this could be caused by not properly "
-                        "configuring the IterableDataset replica at each worker. Please see "
-                        "https://pytorch.org/docs/stable/data.html"
-                        "#torch.utils.data.IterableDataset for examples.")
-            warnings.warn(msg, stacklevel=2)
-        return batch
-
-    def __getattr__(self, name):
-        return getattr(self._it, name)
