@@ -54,16 +54,6 @@ def _delivery_attribute(name):
     return property(get, put)
 
 
-def _position_attribute(name):
-    """A loader attribute that is its :class:`Position`'s ``name``."""
-    def get(self):
-        return getattr(self._position, name)
-
-    def put(self, value):
-        setattr(self._position, name, value)
-    return property(get, put)
-
-
 class DataLoader:
     """Batches from a dataset, made by a persistent pool of worker processes.
 
@@ -223,17 +213,6 @@ class DataLoader:
     zero_copy = _delivery_attribute("zero_copy")
     pin_memory = _delivery_attribute("pin_memory")
     _uploader = _delivery_attribute("uploader")  # the bound queue's (None: none bound)
-
-    # The position's parts under the names the PyTorch face reads and sets
-    # (torch.py); the loader itself goes through self._position.
-    _next_epoch = _position_attribute("next_epoch")
-    _epoch_from_caller = _position_attribute("epoch_from_caller")
-    _resume = _position_attribute("resume")
-    _stopped = _position_attribute("stopped")
-    _resume_dataset = _position_attribute("resume_dataset")
-    _stopped_dataset = _position_attribute("stopped_dataset")
-    _generation = _position_attribute("generation")
-    _active = _position_attribute("active")
 
     @property
     def multiprocessing_context(self):

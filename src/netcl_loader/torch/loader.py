@@ -52,60 +52,14 @@ _ENGINE_FED = frozenset({
 _RANDOM_SAMPLERS = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
 
 
-# -- the engine's private state ------------------------------------------------------------
-# The face reads and writes the engine's position (the epoch it stands at, a loaded
-# state waiting to resume, where an iteration stopped) through these functions alone.
-
-#: The engine's position, carried over when it is rebuilt or unpickled.
-_POSITION = ("_next_epoch", "_epoch_from_caller", "_resume", "_stopped", "_resume_dataset",
-             "_stopped_dataset", "_generation")
-
-
-def _save_position(eng):
-    """The engine's position, to carry over to another engine (see _POSITION)."""
-    return tuple(getattr(eng, k) for k in _POSITION)
-
-
-def _restore_position(eng, position):
-    """Put ``eng`` at a position that ``_save_position`` gave."""
-    for k, v in zip(_POSITION, position):
-        setattr(eng, k, v)
-
-
-def _running(eng):
-    """The engine's latest iteration while it is still referenced (finished or not), else None."""
-    return eng._active() if eng._active is not None else None
-
-
-def _resume_pending(eng):
-    """Whether a loaded state waits for the engine's next iteration to resume it."""
-    return eng._resume is not None
-
-
-def _next_iteration_epoch(eng):
-    """The epoch the engine's next iteration runs: a loaded state's, else the next."""
-    return eng._resume[0] if eng._resume is not None else eng._next_epoch
+# -- the engine's position ---------------------------------------------------------------
+# The face reads and moves the engine's position (the epoch it stands at, a loaded
+# state waiting to resume, where an iteration stopped) through its Position alone.
 
 
 def _current_epoch(eng):
-    """The epoch being iterated, else the one the next iteration runs."""
-    it = _running(eng)
-    if it is not None and not it.finished:
-        return it.epoch
-    return _next_iteration_epoch(eng)
-
-
-def _inside_epoch(eng):
-    """Whether the engine stands inside an epoch: an iteration running, or one that
-    was left before its end."""
-    it = _running(eng)
-    return (it is not None and not it.finished) or eng._stopped is not None
-
-
-def _hand_over_next_epoch(eng, other):
-    """Give ``other`` the engine's next epoch and move the engine past it."""
-    other._next_epoch = eng._next_epoch
-    eng._next_epoch += 1
+    """The epoch being iterated, else the one the next iteration runs: the samplers' epoch."""
+    return eng._position.current_epoch()
 
 
 def _end_pool(eng):
@@ -382,10 +336,10 @@ rank, world_size
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # its warnings were given at construction
             new = _Engine(self.dataset, **self._engine_kwargs())
-        position = (_save_position(eng) if eng is not None
+        position = (eng._position.carried() if eng is not None
                     else self.__dict__.get("_position"))
         if position is not None:
-            _restore_position(new, position)
+            new._position.carry_over(position)
         if eng is not None:
             eng._finish_uploads()
             new._uploader, eng._uploader = eng._uploader, None  # a bound queue stays bound
@@ -400,11 +354,11 @@ rank, world_size
     # -- PyTorch's DataLoader API ---------------------------------------------------
     def _get_iterator(self):
         eng = self._eng()
-        old = _running(eng)
+        old = eng._position.running()
         if old is not None and (old.finished or old.prestarted or _delivered_all(old)):
             old = None
         if (old is not None and not isinstance(eng.dataset, IterDataPipe)
-                and not _resume_pending(eng)):
+                and eng._position.resume is None):
             # An unfinished iteration is still held (zip(loader, loader), the same
             # loader for training and for Lightning's mid-epoch validation): PyTorch
             # runs both, and so does this loader, the new one on an engine of its own.
@@ -441,7 +395,7 @@ rank, world_size
         if found is not None and found[1] is not None:
             # The state the sampler draws this epoch's order from (state_dict saves it).
             object.__setattr__(self, "_order_drawn",
-                               (found[1], _next_iteration_epoch(eng), found[1].get_state()))
+                               (found[1], eng._position.epoch_to_start(), found[1].get_state()))
         if old is not None:
             if isinstance(eng.dataset, IterDataPipe):
                 # A DataPipe's pool restarts for every iteration (its shufflers are
@@ -466,7 +420,7 @@ rank, world_size
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # its warnings were given at construction
             side = _Engine(self.dataset, **kw)
-        _hand_over_next_epoch(eng, side)
+        eng._position.lend_next_epoch(side._position)
         return iter(side)
 
     def __iter__(self):
@@ -511,7 +465,7 @@ rank, world_size
             # from the state kept when it began (workers draw the sampler at
             # iter(), before any next()).  Otherwise the next iteration draws
             # from the state the generator has now.
-            if (_inside_epoch(eng) and not _resume_pending(eng) and drawn is not None
+            if (eng._position.in_iteration() and eng._position.resume is None and drawn is not None
                     and drawn[0] is gen and drawn[1] == state["epoch"]):
                 raw = drawn[2]  # the epoch was drawn from this state
             else:
@@ -631,7 +585,7 @@ rank, world_size
         state["_stale"] = False
         state.pop("_order_drawn", None)  # this process's generator, not the copy's
         if eng is not None:
-            state["_position"] = _save_position(eng)
+            state["_position"] = eng._position.carried()
         return state
 
     def __setstate__(self, state):
@@ -830,7 +784,7 @@ class _Reused:
     def _reset(self):
         loader = self._loader()
         eng = loader._eng()
-        old = _running(eng)
+        old = eng._position.running()
         if old is not None:
             old._abandon()  # PyTorch's _reset ends the running iteration without a word
         self._it = loader._get_iterator()
