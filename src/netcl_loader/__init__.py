@@ -7,7 +7,7 @@ except ImportError as exc:  # pragma: no cover - a broken install
         f"the package where a C compiler is available (pip install --force-reinstall "
         f"--no-binary netcl-loader netcl-loader, or pip install . from a clone).") from exc
 
-from ._worker_info import WorkerInfo, get_worker_info
+from .engine.worker_info import WorkerInfo, get_worker_info
 from ._errors import CollateError
 from .dataloader import DataLoader, LoaderStats, LoaderTimeout, WorkerError
 from .datasets import ArrayDataset, Subset, random_split

@@ -26,20 +26,20 @@ import time
 import warnings
 import weakref
 
-from ._epoch import EpochIterator
+from .engine.epoch import EpochIterator
 from ._errors import LoaderTimeout
-from ._options import (BATCH_SIZE, DROP_LAST, GROUP_OF, PUBLIC_ATTRIBUTES, SHUFFLE, Unset,
+from .engine.options import (BATCH_SIZE, DROP_LAST, GROUP_OF, PUBLIC_ATTRIBUTES, SHUFFLE, Unset,
                        check_flag, check_options)
-from ._position import Position, StateShape
-from ._order import (epoch_length, epoch_order, global_order, group, index_batches,
+from .engine.position import Position, StateShape
+from .engine.order import (epoch_length, epoch_order, global_order, group, index_batches,
                      length_or_none, local_order, num_batches)
 from .remote.loop import paused as stores_paused
-from ._pool import Pool, WorkerError
-from ._worker import WorkerConfig
+from .engine.pool import Pool, WorkerError
+from .engine.worker import WorkerConfig
 from .remote.prefetch import Prefetcher
 from .stats import LoaderStats
-from ._batches import BatchMaker, is_stateful
-from ._output import Delivery
+from .engine.batches import BatchMaker, is_stateful
+from .engine.output import Delivery
 
 __all__ = ["DataLoader", "WorkerError", "LoaderStats", "LoaderTimeout"]
 

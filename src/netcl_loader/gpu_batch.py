@@ -6,7 +6,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from ._tree import map_leaves
+from .engine.tree import map_leaves
 
 __all__ = ["GpuBatch", "GpuBatchDict", "Uploader", "copies_done"]
 

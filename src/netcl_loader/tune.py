@@ -31,8 +31,8 @@ import time
 import types
 from dataclasses import asdict, dataclass, field
 
-from ._options import check_positive_int
-from ._system import available_cpus
+from .engine.options import check_positive_int
+from .engine.system import available_cpus
 from .stats.render import plain
 
 __all__ = ["tune", "TuneResult", "Trial", "main", "PREFETCH_FACTORS", "MIN_GAIN"]

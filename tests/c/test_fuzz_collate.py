@@ -27,7 +27,7 @@ from compare import assert_same
 from netcl_loader import DataLoader
 from netcl_loader._collate import collate
 from netcl_loader._ring import Segment
-from netcl_loader._layout import COPY, LEND, VIEW, SlotWriter, decode
+from netcl_loader.engine.layout import COPY, LEND, VIEW, SlotWriter, decode
 
 hypothesis = pytest.importorskip("hypothesis", reason="hypothesis is in the 'test' extra")
 from hypothesis import HealthCheck, given, settings  # noqa: E402

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from netcl_loader import ArrayDataset, DataLoader
-from netcl_loader._epoch import DELIVERY, MAX_LENT_SLOTS
+from netcl_loader.engine.epoch import DELIVERY, MAX_LENT_SLOTS
 from netcl_loader._slots import LEASE_NEXT_CALL, LEASE_REFS, LEASE_UPLOAD
-from netcl_loader._layout import COPY, LEND, VIEW
+from netcl_loader.engine.layout import COPY, LEND, VIEW
 
 N, B = 64, 4
 

@@ -332,7 +332,7 @@ class LateOnThePipe:
         self.seconds = seconds
 
     def __reduce__(self):
-        writer = os.path.join("netcl_loader", "shared_batch.py")
+        writer = os.path.join("netcl_loader", "engine", "ring.py")
         frame = sys._getframe(1)
         while frame is not None and not frame.f_code.co_filename.endswith(writer):
             frame = frame.f_back
@@ -1026,7 +1026,7 @@ def test_a_worker_dying_while_unpickling_its_dataset_says_so(tmp_path, method):
 
 
 def test_public_exceptions_print_and_pickle_under_their_public_names():
-    """Tracebacks showed private paths (``netcl_loader._pool.WorkerError``)."""
+    """Tracebacks showed private paths (``netcl_loader.engine.pool.WorkerError``)."""
     import pickle
     import traceback
     import netcl_loader
@@ -1048,7 +1048,7 @@ def test_a_start_report_carries_any_worker_id():
     before, and a failed report made a later death read as a main-module
     import failure)."""
     import multiprocessing
-    from netcl_loader._lifeline import BOOT_RECORD, BOOT_STARTED, BootReport
+    from netcl_loader.engine.lifeline import BOOT_RECORD, BOOT_STARTED, BootReport
     r, w = multiprocessing.Pipe(duplex=False)
     for wid in (0, 255, 256, 70000):
         BootReport(w, wid).report(BOOT_STARTED)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from netcl_loader import ArrayDataset, DataLoader
-from netcl_loader._options import PUBLIC_ATTRIBUTES, LoaderOptions, check_options
+from netcl_loader.engine.options import PUBLIC_ATTRIBUTES, LoaderOptions, check_options
 
 DS = ArrayDataset(np.zeros((10, 2), np.float32))
 

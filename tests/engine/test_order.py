@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from netcl_loader._order import (STATE_KEYS, STATE_VERSION, Progress, check_state, global_order,
+from netcl_loader.engine.order import (STATE_KEYS, STATE_VERSION, Progress, check_state, global_order,
                                  group, index_batches, local_order, num_batches, numbered,
                                  shard_length)
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from netcl_loader import ArrayDataset, DataLoader
-from netcl_loader._position import Position
+from netcl_loader.engine.position import Position
 
 DS = ArrayDataset(np.arange(40, dtype=np.float32).reshape(20, 2))
 

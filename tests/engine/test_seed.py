@@ -8,7 +8,7 @@ import pytest
 
 from netcl_loader import DataLoader
 from netcl_loader._seed import batch_seed, fast_rngs
-from netcl_loader._seeding import RngStates, seed_everything
+from netcl_loader.engine.seeding import RngStates, seed_everything
 
 SEEDS = [0, 1, 2**32 - 1, 2**32, 2**63 - 1, 0x5DEECE66D, 123456789012345678]
 

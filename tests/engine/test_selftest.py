@@ -20,7 +20,7 @@ from netcl_loader.selftest import datasets
 from netcl_loader.selftest.images import check_images
 from netcl_loader.selftest.outcomes import _Run, _Skip
 from netcl_loader.selftest.throughput import _throughput_causes
-from netcl_loader._system import CpuLimits, cpu_limits
+from netcl_loader.engine.system import CpuLimits, cpu_limits
 
 CHECK_NAMES = [name for name, _, _ in selftest.CHECKS]
 LINE = re.compile(r"^(PASS|WARN|FAIL|SKIP)  (\S+) +(.*)$")

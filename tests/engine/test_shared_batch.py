@@ -24,7 +24,7 @@ METHODS = [m if m in mp.get_all_start_methods() else pytest.param(
 
 
 def _needs_memory_room():
-    from netcl_loader._system import memory_limit
+    from netcl_loader.engine.system import memory_limit
     if memory_limit().mem_available is None:
         pytest.skip("this platform tells no memory room: memory_limit reads cgroups and "
                     "/proc/meminfo, which it lacks")
@@ -204,7 +204,7 @@ def _tree(root, files):
 
 
 def _limit(tmp_path, cgroup_lines, files, mem_available_kib=64 * 1024 * 1024):
-    from netcl_loader._system import memory_limit
+    from netcl_loader.engine.system import memory_limit
     _needs_memory_room()
     _tree(tmp_path, {"proc/self/cgroup": cgroup_lines,
                      "proc/meminfo": f"MemTotal: 99999999 kB\nMemAvailable: {mem_available_kib} kB\n",
@@ -284,7 +284,7 @@ def test_memory_limit_without_any_limit_is_mem_available(tmp_path, cgroup_lines,
 
 
 def test_memory_limit_without_proc_self_cgroup(tmp_path):
-    from netcl_loader._system import memory_limit
+    from netcl_loader.engine.system import memory_limit
     _needs_memory_room()
     _tree(tmp_path, {"meminfo": "MemAvailable: 1024 kB\n"})
     assert memory_limit(str(tmp_path / "absent"), str(tmp_path / "absent"),
@@ -292,7 +292,7 @@ def test_memory_limit_without_proc_self_cgroup(tmp_path):
 
 
 def test_check_reservable_names_bytes_limit_cgroup_and_remedy(tmp_path):
-    from netcl_loader._system import check_reservable
+    from netcl_loader.engine.system import check_reservable
     room = _limit(tmp_path, "0::/job\n", {
         "cgroup.controllers": "memory",
         "job/memory.max": str(64 * MIB), "job/memory.current": str(60 * MIB),
@@ -309,7 +309,7 @@ def test_check_reservable_names_bytes_limit_cgroup_and_remedy(tmp_path):
 
 
 def test_memory_limit_of_this_machine_is_an_int_within_mem_available():
-    from netcl_loader._system import available_memory_bytes, memory_limit
+    from netcl_loader.engine.system import available_memory_bytes, memory_limit
     if not sys.platform.startswith("linux"):
         pytest.skip("cgroups and /proc/meminfo are Linux's")
     with open("/proc/meminfo") as f:
@@ -332,7 +332,7 @@ def _child_memory_cgroup(limit_bytes):
     Returns (directory, procs file), or skips saying what is not possible here.
     """
     import uuid
-    from netcl_loader._system import _own_cgroups
+    from netcl_loader.engine.system import _own_cgroups
     if not sys.platform.startswith("linux"):
         pytest.skip("cgroups are Linux's")
     v2, v1 = _own_cgroups("/proc/self/cgroup")
@@ -394,7 +394,7 @@ def test_ring_in_a_small_memory_cgroup_is_refused_naming_the_limit():
 # -- leaves that cannot live in shared memory, and zero-size ones ----------------
 
 from netcl_loader._collate import collate  # noqa: E402
-from netcl_loader._layout import COPY, LEND, VIEW, SlotWriter, decode  # noqa: E402
+from netcl_loader.engine.layout import COPY, LEND, VIEW, SlotWriter, decode  # noqa: E402
 from netcl_loader.shared_batch import convert_output  # noqa: E402
 
 
@@ -613,7 +613,7 @@ def test_convert_output_makes_numpy_scalars_0d_tensors_as_default_convert():
 
 def _producer(ring, q, rounds):
     """Pop slot entries from queue ``q``, write a batch derived from the task, publish it."""
-    from netcl_loader._layout import SlotWriter
+    from netcl_loader.engine.layout import SlotWriter
     header = ring.header
     for _ in range(rounds):
         entry = header.pop(q, 5000)

@@ -12,7 +12,7 @@ import pytest
 from netcl_loader import DataLoader, WorkerError
 from netcl_loader._ring import ASSIGNED, CANCELLED, FREE, GROW, READY
 from netcl_loader._slots import LEASE_NEXT_CALL, LEASE_REFS, LEASE_UPLOAD, Slots
-from netcl_loader._layout import COPY, LEND, SlotWriter, decode
+from netcl_loader.engine.layout import COPY, LEND, SlotWriter, decode
 from netcl_loader.shared_batch import SharedBatchRingBuffer
 
 from procs import wait_gone

@@ -196,7 +196,7 @@ def test_uploads_are_counted(cl_queue):
 
 # -- stage times, per-worker figures, history, verdict (issue 13) ---------------
 
-from netcl_loader._system import cpu_limits  # noqa: E402
+from netcl_loader.engine.system import cpu_limits  # noqa: E402
 from netcl_loader.stats import record  # noqa: E402
 from netcl_loader.stats.verdict import LOADER_BOUND_FRACTION, RECENT_BATCHES, STAGES  # noqa: E402
 

@@ -11,7 +11,7 @@ import pytest
 import procs
 import netcl_loader
 from netcl_loader import ArrayDataset
-from netcl_loader._system import available_cpus
+from netcl_loader.engine.system import available_cpus
 from netcl_loader.tune import Trial, TuneResult, tune
 
 #: Short trials: the answers below differ by 2x or more, which this sees.

@@ -384,7 +384,7 @@ def test_defaults_batch_size_one_in_order_no_workers():
 # -- tensors on ring memory (the engine's face) -------------------------------------------
 
 def _max_lent_slots():
-    for name in ("netcl_loader._epoch", "netcl_loader.dataloader"):
+    for name in ("netcl_loader.engine.epoch", "netcl_loader.dataloader"):
         value = getattr(importlib.import_module(name), "MAX_LENT_SLOTS", None)
         if value is not None:
             return value

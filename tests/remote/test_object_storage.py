@@ -28,7 +28,7 @@ from images_util import make_jpegs  # noqa: E402
 from remote_util import ACCESS_KEY, SECRET_KEY, FaultProxy, Nginx, SeaweedFS  # noqa: E402
 
 from netcl_loader import DataLoader  # noqa: E402
-from netcl_loader._order import rank_shards, window_order, window_rank_length  # noqa: E402
+from netcl_loader.engine.order import rank_shards, window_order, window_rank_length  # noqa: E402
 from netcl_loader.remote.retry import (ObjectChangedError, RemoteError, Retry,  # noqa: E402
                                        classify, describe)
 from netcl_loader.remote.urls import Secrets, expand_braces, redact  # noqa: E402

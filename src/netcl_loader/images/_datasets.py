@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 
 from .. import batch_context
-from .._worker_info import get_worker_info
+from ..engine.worker_info import get_worker_info
 from ._buffers import _here
 from ._crops import CenterCrop, RandomResizedCrop
 from ._decoders import (MAX_PIXELS, ImageFileError, _compiled_module, _pillow_rgb,
@@ -20,7 +20,7 @@ from ._decoders import (MAX_PIXELS, ImageFileError, _compiled_module, _pillow_rg
 from ._sources import MAX_FILE_BYTES, _names_blob, _pread_into, _read_file, _too_large
 from ._shards import REMOTE_WINDOW, check_window, remote_shards
 from ._tarindex import _TAR_IMAGE_EXTS, _TarIndex
-from .._order import window_order, window_rank_length
+from ..engine.order import window_order, window_rank_length
 from ..remote import RemoteError
 from ..remote.objects import list_folder, remote_files
 from ..remote.urls import is_remote, local_path, names_of, redact, scheme_of

@@ -33,7 +33,7 @@ def check_extensions(run):
 
 
 def check_shared_memory(run):
-    from netcl_loader._system import available_memory_bytes
+    from netcl_loader.engine.system import available_memory_bytes
     from netcl_loader.shared_batch import SharedBatchRingBuffer
     slots = 2 if run.quick else 4
     slot_bytes = (8 if run.quick else 16) * _MIB

@@ -158,7 +158,7 @@ def _line(result, width):
 
 def _environment():
     from netcl_loader import __version__
-    from netcl_loader._system import cpu_limits
+    from netcl_loader.engine.system import cpu_limits
     return {"netcl_loader": __version__, "python": platform.python_version(),
             "numpy": np.__version__, "platform": platform.platform(),
             "cpus": os.cpu_count(), "cpus_usable": cpu_limits().usable}

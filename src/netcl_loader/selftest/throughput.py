@@ -38,7 +38,7 @@ def check_throughput(run):
     """The loader's GB/s with 2 workers against the memcpy limits measured here and now;
     a WARN with the likely causes when it falls short of what the machine allows."""
     from netcl_loader import ArrayDataset
-    from netcl_loader._system import cpu_limits
+    from netcl_loader.engine.system import cpu_limits
     batch = 16 if run.quick else 64
     n = batch * (6 if run.quick else 4)
     workers = THROUGHPUT_WORKERS

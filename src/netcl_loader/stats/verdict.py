@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .._system import cpu_limits
+from ..engine.system import cpu_limits
 
 __all__ = ["EpochRecord", "StageTime", "WorkerFigures", "Verdict", "judge", "stage_times",
            "worker_figures", "busy_fraction", "measure", "STAGES", "WORKER_STAGES",

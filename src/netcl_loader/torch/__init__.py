@@ -17,7 +17,7 @@ The package is layered, each module importing only those listed before it:
 ``loader`` (the ``DataLoader``), ``trainer`` (``TrainerMixin``).
 """
 from .._errors import LoaderTimeout
-from .._worker_info import get_worker_info  # re-exported, as torch.utils.data has it
+from ..engine.worker_info import get_worker_info  # re-exported, as torch.utils.data has it
 from .loader import DataLoader
 from .samplers import EngineOrderSampler, random_split
 from .trainer import TrainerMixin

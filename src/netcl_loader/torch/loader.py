@@ -22,7 +22,7 @@ from torch.utils.data.datapipes.datapipe import IterDataPipe, MapDataPipe
 from torch.utils.data.graph_settings import apply_random_seed, apply_sharding
 
 from .. import dataloader as _engine
-from .._options import is_iterable_dataset
+from ..engine.options import is_iterable_dataset
 from .hooks import (AccelerateEpoch, BatchHook, LengthWarning, accelerate_gradient_state,
                     accelerate_prepare_check, attach_batch_sampler_epoch, warn_if_unsharded)
 from .samplers import EngineOrderSampler, _RankOrder, _ShuffledOrder

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import RandomSampler, SequentialSampler
 
-from .._order import epoch_length, epoch_order
+from ..engine.order import epoch_length, epoch_order
 from ..datasets import random_split as _random_split
 
 __all__ = ["EngineOrderSampler", "random_split"]

@@ -11,17 +11,17 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._batches import BatchMaker, StreamEnd, dataset_state
-from ._collate import torch_module
-from ._layout import SlotFull, SlotWriter
-from ._lifeline import start_watchdog
-from ._protocol import (BATCH, END, ENTRY_KIND_MASK, ENTRY_LOAD_STATE, ENTRY_NO_ROOM,
+from .batches import BatchMaker, StreamEnd, dataset_state
+from .._collate import torch_module
+from .layout import SlotFull, SlotWriter
+from .lifeline import start_watchdog
+from .._protocol import (BATCH, END, ENTRY_KIND_MASK, ENTRY_LOAD_STATE, ENTRY_NO_ROOM,
                         ENTRY_PIPED_TASK, ENTRY_REMAP, ENTRY_SLOT_MASK, ENTRY_STOP, ENTRY_TASK,
                         ERROR, ERROR_END, FLAG_PICKLED_INDICES, STATE, TASK_HEADER, Result,
                         dumps, error_record, recv_fd, start_seq)
-from ._ring import CANCELLED, GROW, PIPED
-from ._seeding import seed_everything, worker_seed
-from ._worker_info import WorkerInfo, get_worker_info, set_worker_info
+from .._ring import CANCELLED, GROW, PIPED
+from .seeding import seed_everything, worker_seed
+from .worker_info import WorkerInfo, get_worker_info, set_worker_info
 
 __all__ = ["WorkerConfig", "worker_loop"]
 
@@ -181,7 +181,7 @@ class _Tasks:
         return None  # a refusal for a slot this worker no longer waits on
 
     def _remap(self, slot):
-        from ._ring import Segment, SharedMemoryError
+        from .._ring import Segment, SharedMemoryError
         conn = self.conn
         msg = conn.recv_bytes()
         nbytes = TASK_HEADER.unpack_from(msg)[3]

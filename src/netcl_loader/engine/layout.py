@@ -17,10 +17,10 @@ import pickle
 
 import numpy as np
 
-from ._collate import (is_tensor, tensor_as_array, tensor_dtype_info, torch_dtype_name,
+from .._collate import (is_tensor, tensor_as_array, tensor_dtype_info, torch_dtype_name,
                        torch_module)
-from ._output import _check_output, _convert_leaf, _leaf_output, _load_torch
-from ._tree import map_leaves, structure_key
+from .output import _check_output, _convert_leaf, _leaf_output, _load_torch
+from .tree import map_leaves, structure_key
 
 __all__ = ["SlotWriter", "SlotFull", "decode", "COPY", "VIEW", "LEND"]
 

@@ -6,11 +6,11 @@ import time
 
 import numpy as np
 
-from . import batch_context
-from ._collate import array_as_tensor, collate, gather_rows, tensor_as_array, tensor_dtype_info, torch_module
-from ._seed import batch_seed
-from ._seeding import seed_everything
-from ._tree import torch_sample_structure, torch_structure
+from .. import batch_context
+from .._collate import array_as_tensor, collate, gather_rows, tensor_as_array, tensor_dtype_info, torch_module
+from .._seed import batch_seed
+from .seeding import seed_everything
+from .tree import torch_sample_structure, torch_structure
 
 __all__ = ["BatchMaker", "StreamEnd", "is_stateful", "dataset_state", "task_indices"]
 

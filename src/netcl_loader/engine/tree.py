@@ -5,7 +5,7 @@ from collections.abc import Mapping, MutableSequence, Sequence
 
 import numpy as np
 
-from ._collate import same_mapping, same_sequence
+from .._collate import same_mapping, same_sequence
 
 __all__ = ["map_leaves", "structure_key", "torch_structure", "torch_sample_structure",
            "read_only", "batch_len"]

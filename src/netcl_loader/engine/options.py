@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ._collate import torch_module  # the one answer to "is torch loaded?" (never imports it)
+from .._collate import torch_module  # the one answer to "is torch loaded?" (never imports it)
 
 __all__ = ["Unset", "given", "check_positive_int", "check_flag", "check_dataset_not_a_path",
            "check_callable", "check_nonnegative_int_or_none", "is_iterable_dataset", "OUTPUTS",

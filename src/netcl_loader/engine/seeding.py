@@ -5,8 +5,8 @@ import random
 
 import numpy as np
 
-from ._collate import torch_module
-from ._seed import fast_rngs
+from .._collate import torch_module
+from .._seed import fast_rngs
 
 __all__ = ["worker_seed", "seed_everything", "RngStates"]
 

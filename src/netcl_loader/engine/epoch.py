@@ -7,17 +7,17 @@ from sys import getrefcount
 
 import numpy as np
 
-from ._pool import WorkerError
-from ._slots import LEASE_NEXT_CALL, LEASE_REFS, LEASE_UPLOAD
-from ._errors import LoaderTimeout
-from ._order import Progress, numbered
-from ._protocol import BATCH, END, ERROR, ERROR_END, rebuild_error, start_seq
-from ._ring import GROW, PIPED, READY
-from ._tree import batch_len, read_only
-from ._batches import StreamEnd
-from ._seeding import RngStates
-from ._deadline import Deadline
-from ._layout import COPY, LEND, VIEW, decode
+from .pool import WorkerError
+from .._slots import LEASE_NEXT_CALL, LEASE_REFS, LEASE_UPLOAD
+from .._errors import LoaderTimeout
+from .order import Progress, numbered
+from .._protocol import BATCH, END, ERROR, ERROR_END, rebuild_error, start_seq
+from .._ring import GROW, PIPED, READY
+from .tree import batch_len, read_only
+from .batches import StreamEnd
+from .seeding import RngStates
+from .deadline import Deadline
+from .layout import COPY, LEND, VIEW, decode
 
 __all__ = ["EpochIterator"]
 

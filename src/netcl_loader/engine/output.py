@@ -9,10 +9,10 @@ import warnings
 
 import numpy as np
 
-from ._collate import (array_as_tensor, is_tensor, tensor_as_array, tensor_dtype_info,
+from .._collate import (array_as_tensor, is_tensor, tensor_as_array, tensor_dtype_info,
                        torch_dtype, torch_holds, torch_module)
-from ._options import OUTPUTS
-from ._tree import map_leaves
+from .options import OUTPUTS
+from .tree import map_leaves
 
 __all__ = ["convert_output", "OutputPool", "Delivery", "OUTPUTS"]
 

@@ -5,8 +5,8 @@ import pickle
 import weakref
 from typing import Any, NamedTuple
 
-from ._batches import dataset_state
-from ._order import STATE_VERSION, check_state, num_batches, shard_length
+from .batches import dataset_state
+from .order import STATE_VERSION, check_state, num_batches, shard_length
 
 __all__ = ["Position", "StateShape", "Loaded", "Carried"]
 

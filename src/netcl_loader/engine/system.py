@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ._ring import SharedMemoryError
+from .._ring import SharedMemoryError
 
 __all__ = ["MemoryRoom", "memory_limit", "available_memory_bytes", "check_reservable",
            "CpuLimits", "cpu_limits", "available_cpus"]

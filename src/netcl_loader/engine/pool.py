@@ -9,16 +9,16 @@ import threading
 import time
 import weakref
 
-from ._errors import LoaderTimeout
-from ._protocol import (ENTRY_LOAD_STATE, ENTRY_NO_ROOM, ENTRY_PIPED_TASK, ENTRY_REMAP,
+from .._errors import LoaderTimeout
+from .._protocol import (ENTRY_LOAD_STATE, ENTRY_NO_ROOM, ENTRY_PIPED_TASK, ENTRY_REMAP,
                         ENTRY_STOP, ENTRY_TASK, FLAG_PICKLED_INDICES, KIND_LOAD_STATE, KIND_REMAP,
                         KIND_TASK, STATE, TASK_HEADER, send_fd)
-from ._batches import task_indices
-from ._lifeline import BOOT_IMPORTED, BOOT_NONE, BOOT_RECORD, BootReport, Lifeline
-from ._worker import worker_loop
-from ._deadline import Deadline
-from ._slots import NO_ITERATION, Slots
-from .shared_batch import SharedBatchRingBuffer
+from .batches import task_indices
+from .lifeline import BOOT_IMPORTED, BOOT_NONE, BOOT_RECORD, BootReport, Lifeline
+from .worker import worker_loop
+from .deadline import Deadline
+from .._slots import NO_ITERATION, Slots
+from .ring import SharedBatchRingBuffer
 
 __all__ = ["Pool", "WorkerError"]
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ._collate import torch_module
+from .._collate import torch_module
 
 __all__ = ["WorkerInfo", "get_worker_info", "set_worker_info"]
 
