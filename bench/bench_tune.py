@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from netcl_loader._system import available_cpus
+from netcl_loader.engine.system import available_cpus
 from netcl_loader.tune import tune
 
 #: Short trials: the answers below differ by 2x or more, which this sees.

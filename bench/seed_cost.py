@@ -30,7 +30,7 @@ import numpy as np
 
 from netcl_loader import DataLoader
 from netcl_loader._seed import batch_seed, fast_rngs
-from netcl_loader._seeding import RngStates, seed_everything
+from netcl_loader.engine.seeding import RngStates, seed_everything
 
 
 def per_call_us(fn, number):
