@@ -215,8 +215,8 @@ class EpochIterator:
             # Tasks queued quietly wait for a worker's wake; when the next batch
             # is not ready yet, the workers must be at work now, not when the
             # caller is back.
-            _, slot, _, _, taken = self._oldest()
-            if slot is not None and (taken is None or taken[0] == GROW):
+            _, slot, published, _, _ = self._oldest()
+            if slot is not None and published != READY and published != PIPED:
                 self.pool.kick_all()
         end = time.perf_counter()
         self.stats.record_batch(n if not self.iterable else batch_len(batch), wid, times,
@@ -226,19 +226,18 @@ class EpochIterator:
 
     def _oldest(self):
         """The oldest pending task, the next with in-order delivery (tasks are
-        dispatched in batch order): ``(seq, slot, worker id, samples, taken)``,
-        ``taken`` what its slot says (:meth:`Slots.take`) once published (READY,
-        PIPED, or GROW: its worker asks for room), else None.  ``slot`` None: the
-        task got no slot (its error is in ``_failed``)."""
-        pending = self.pending
-        seq = next(iter(pending))
-        slot, wid, n = pending[seq]
-        taken = None
+        dispatched in batch order): ``(seq, slot, published, worker id, samples)``,
+        ``published`` its slot's state once its worker is done with it (READY,
+        PIPED, or GROW: it asks for room), else None.  ``slot`` None: the task
+        got no slot (its error is in ``_failed``)."""
+        seq = next(iter(self.pending))
+        slot, wid, n = self.pending[seq]
+        published = None
         if slot is not None:
-            taken = self.slots.take(slot)
-            if taken[0] != READY and taken[0] != PIPED and taken[0] != GROW:
-                taken = None
-        return seq, slot, wid, n, taken
+            state = self.slots.state(slot)
+            if state == READY or state == PIPED or state == GROW:
+                published = state
+        return seq, slot, published, wid, n
 
     def _receive(self):
         """The next batch as ``(batch, seq, worker id, samples, stage times, decode
@@ -248,10 +247,10 @@ class EpochIterator:
             got = self._next_published()
             if isinstance(got, BaseException):
                 return got
-            seq, slot, wid, n, taken = got
+            seq, slot, wid, n = got
             # One compiled call: its state, record, the worker's stage times and
             # the samples its dataset replaced (bad files), before the slot is freed.
-            state, meta_off, meta_len, times, skipped = taken or self.slots.take(slot)
+            state, meta_off, meta_len, times, skipped = self.slots.take(slot)
             if state == GROW:
                 failed = self._grow(seq, slot, wid)
                 if failed is not None:
@@ -280,9 +279,8 @@ class EpochIterator:
 
     def _next_published(self):
         """The next pending task whose slot is published, as ``(seq, slot, worker id,
-        samples, taken)`` (``taken``: what its slot said, or None: read it), after
-        reclaiming slots and dispatching what they allow; the MemoryError of a
-        task that got no slot; StopIteration at the epoch's end."""
+        samples)``, after reclaiming slots and dispatching what they allow; the
+        MemoryError of a task that got no slot; StopIteration at the epoch's end."""
         slots, pending = self.slots, self.pending
         if slots.leases:
             slots.reclaim(True)  # zero_copy views expire; dropped lent batches
@@ -296,11 +294,10 @@ class EpochIterator:
                 raise StopIteration
             self._wait_for_slot()  # every slot is leased or still stale
             self._fill(wait=True)
-        taken = None
         if self.in_order:
             # Already published (the common case): read it at once.
-            seq, slot, wid, n, taken = self._oldest()
-            if slot is not None and taken is None:
+            seq, slot, published, wid, n = self._oldest()
+            if slot is not None and published is None:
                 seq, slot, wid, n = self._wait()
         else:
             seq, slot, wid, n = self._wait()
@@ -309,7 +306,7 @@ class EpochIterator:
             if not self.iterable:
                 self.progress.mark(seq)
             return self._failed.pop(seq)
-        return seq, slot, wid, n, taken
+        return seq, slot, wid, n
 
     def _grow(self, seq, slot, wid):
         """The worker of ``slot`` waits, its batch half made, for a bigger slot: grown
