@@ -61,7 +61,7 @@ def test_a_refused_growth_is_the_batchs_error_and_the_epoch_goes_on():
     """The main process cannot have the memory: that batch raises SharedMemoryError
     (naming the bytes), the others arrive, and the state counts it done."""
     from netcl_loader._ring import SharedMemoryError
-    from netcl_loader import _pool
+    from netcl_loader.engine import pool as _pool
 
     refused = []
     real = _pool.Pool.grow
