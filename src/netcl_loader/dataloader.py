@@ -322,17 +322,20 @@ class DataLoader:
         worker (with ``num_workers=0``, the dataset's state now).  The state is
         JSON-serialisable where the dataset's own state is.
         """
-        return self._position.state_dict(self._state_shape(), self._live_pool())
+        return self._position.state_dict(self._state_shape(for_load=False), self._live_pool())
 
     def _live_pool(self):
         return self._pool if self._pool is not None and self._pool.alive else None
 
-    def _state_shape(self):
-        """What this loader's states are saved from and checked against."""
-        try:
-            n_batches = len(self)
-        except TypeError:  # an iterable dataset without a length: resumed by replay
-            n_batches = None
+    def _state_shape(self, for_load=True):
+        """What this loader's states are saved from and checked against.  Only a load
+        needs the epoch's batch count: saving never asks a sampler for its length."""
+        n_batches = None
+        if for_load:
+            try:
+                n_batches = len(self)
+            except TypeError:  # an iterable dataset without a length: resumed by replay
+                pass
         # The part of a state that says which loader it fits (checked at load).
         config = {"seed": self.seed, "dataset_len": length_or_none(self.dataset),
                   "batch_size": self.batch_size, "drop_last": self.drop_last,
@@ -469,8 +472,8 @@ class DataLoader:
     def _shutdown_pool(self):
         pool, self._pool = self._pool, None
         if pool is not None:
-            # Not alive from here: its iteration's cleanup leaves its slots alone.
-            pool.alive = False
+            # Let go and not alive from here: its iteration's cleanup leaves its slots alone.
+            pool.held = pool.alive = False
             it = self._position.running()
             if it is not None and it.pool is pool and not it.finished:
                 it._abandon()  # it cannot go on without its pool
@@ -506,7 +509,7 @@ class DataLoader:
             on_end, length = _weakly(on_end), _weakly(length)
         return EpochIterator(
             epoch, prefix, extra, options=self._options,
-            batches=None if self.iterable else self._batches(epoch), get_pool=self._get_pool,
+            batches=self._batches, get_pool=self._get_pool,
             gate=self._gate, position=self._position, stats=self._stats,
             delivery=self._delivery, maker=self._maker, on_end=on_end, length=length,
             torch_errors=self._torch_errors, prestarted=prestarted,
@@ -597,9 +600,9 @@ class DataLoader:
 
     # -- the next epoch, started while the caller finishes this one ----------
     def _config_key(self):
-        return (self.batch_size, self.shuffle, self.drop_last, self.seed, self.rank,
-                self.world_size, id(self.dataset), len(self.dataset), self.collate_fn,
-                self.transforms, self.use_shared_mem)
+        """What an iteration started early was made from: the options (replaced by every
+        assignment to a loader attribute, so compared by identity) and the dataset's length."""
+        return self._options, len(self.dataset)
 
     def _prestart(self, epoch):
         """Hand out the first tasks of ``epoch`` now, so that a warm pool has its
@@ -629,7 +632,8 @@ class DataLoader:
         # A worker that died while the pool was idle is not waited for here: the
         # iteration starts afresh on that pool and its first batch reports the
         # death (a WorkerError naming the pid), as with an iteration not started early.
-        if (it.epoch == epoch and key == self._config_key() and it.pool is self._pool
+        options, length = self._config_key()
+        if (it.epoch == epoch and key[0] is options and key[1] == length and it.pool is self._pool
                 and self._pool is not None and self._pool.alive and not it.finished
                 and all(p.exitcode is None for p in self._pool.procs)):
             it.prestarted = False

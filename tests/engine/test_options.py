@@ -87,3 +87,26 @@ def test_a_path_as_dataset_is_refused_pointing_to_image_folder(path):
         DataLoader(path)
     text = str(info.value)
     assert repr(path) in text and "netcl_loader.images.ImageFolder" in text
+
+
+def test_a_flag_that_is_no_bool_is_named_before_other_mistakes():
+    """Several bad arguments at once: the flag's TypeError comes first, as it always has."""
+    ds = ArrayDataset(np.arange(10))
+    with pytest.raises(TypeError, match="zero_copy must be a bool"):
+        DataLoader(ds, zero_copy="no", seed=-1)
+    with pytest.raises(TypeError, match="drop_last must be a bool"):
+        DataLoader(ds, drop_last="x", sampler=[1], shuffle=True)
+
+
+def test_settings_changed_between_epochs_reach_the_epoch_started_early():
+    """A warm pool starts the next epoch's first tasks at the end of the last one; a
+    setting assigned in between still governs the next epoch (it is started afresh)."""
+    ds = ArrayDataset(np.arange(64, dtype=np.int64))
+    with DataLoader(ds, batch_size=4, shuffle=True, num_workers=1, seed=0) as loader:
+        first = [b[0].copy() for b in loader]
+        assert loader._prestarted is not None  # the next epoch was started early
+        loader.in_order, loader.prefetch, loader.timeout = False, 1, 30.0
+        it = iter(loader)
+        assert (it.in_order, it.prefetch, it.timeout) == (False, 1, 30.0)
+        second = [b[0].copy() for b in it]
+    assert sorted(np.concatenate(second).tolist()) == sorted(np.concatenate(first).tolist())

@@ -801,3 +801,23 @@ def test_numpy_face_restores_a_stateful_dataset_per_worker(num_workers):
         with DataLoader(CountingDraws(20), **kw) as again:
             again.load_state_dict(state)
             assert rows(again) == rest, k
+
+
+class _BatchesWithoutLength:
+    """A batch sampler whose length is unknown (its __len__ raises, as some streaming
+    samplers' do)."""
+
+    def __iter__(self):
+        return iter([[0, 1], [2, 3], [4, 5]])
+
+    def __len__(self):
+        raise NotImplementedError("no length")
+
+
+def test_saving_a_state_never_asks_the_batch_sampler_for_its_length():
+    loader = DataLoader(ArrayDataset(np.arange(6)), batch_sampler=_BatchesWithoutLength(),
+                        num_workers=0)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    assert (state["epoch"], state["batches_done"]) == (0, 1)

@@ -61,7 +61,8 @@ class EpochIterator:
     def __init__(self, epoch, prefix, extra, *, options, batches, get_pool, gate, position, stats,
                  delivery, maker, on_end, length, torch_errors=False, prestarted=False,
                  dataset_states=None):
-        """``batches``: the epoch's index batches (None for an iterable-style dataset);
+        """``batches(epoch)``: the epoch's index batches (called here, inside the
+        first batch's wait; never for an iterable-style dataset);
         ``length()``: the batches of a whole epoch; ``torch_errors``: workers'
         exceptions rebuilt by PyTorch's rule (see ``rebuild_error``)."""
         workers, delivery_options = options.workers, options.delivery
@@ -97,7 +98,7 @@ class EpochIterator:
         else:
             # A frozen copy: progress drops entries from its extra set as the
             # prefix passes them, and those batches must still be skipped.
-            self._tasks = numbered(batches, prefix, frozenset(extra))
+            self._tasks = numbered(batches(epoch), prefix, frozenset(extra))
         self._tasks_left = True
         self.pool = None
         self.slots = None                # the pool's slot owner: everything about slots
@@ -603,8 +604,8 @@ class EpochIterator:
 
     def _wait_uploads(self):
         """Wait for this iteration's pending device copies and free their slots."""
-        # (A pool the loader has ended is not alive: its slots are gone with it.)
-        if self.pool is not None and self.pool.alive:
+        # (A pool the loader has let go of: its slots are gone with it.)
+        if self.pool is not None and self.pool.held:
             self.slots.reclaim(wait_uploads=True)
 
     # -- ending -----------------------------------------------------------------
@@ -648,7 +649,7 @@ class EpochIterator:
     def _cleanup(self):
         if self.gate is not None:
             self.gate.close()
-        if self.pool is not None and self.pool.alive:
+        if self.pool is not None and self.pool.held and self.pool.alive:
             try:
                 # Views expire and uploads are waited for; lent slots stay
                 # leased while the caller holds their arrays.

@@ -300,6 +300,12 @@ def check_options(dataset, **arguments):
             raise TypeError(f"DataLoader got an unexpected keyword argument {name!r}")
         routed[check][name] = value
     iterable = check_dataset(dataset)
+    # A flag that is no bool is named before any other mistake, whatever its concern
+    # (the checkers below take them again, as values).
+    for name in _FLAGS:
+        value = arguments.get(name)
+        if value is not None and not isinstance(value, Unset):
+            check_flag(name, value)
     order, shuffle_asked = check_order(dataset, iterable, **routed[check_order])
     batching = check_batching(order, shuffle_asked, **routed[check_batching])
     workers = check_workers(**routed[check_workers])
@@ -309,6 +315,11 @@ def check_options(dataset, **arguments):
         # Drawn last, once every argument is known good: a generator is drawn once.
         order = replace(order, seed=seed_from(order.generator))
     return LoaderOptions(dataset, iterable, order, batching, workers, delivery)
+
+
+#: The boolean arguments, in the order their type is checked.
+_FLAGS = ("shuffle", "drop_last", "use_shared_mem", "zero_copy", "in_order", "persistent_workers",
+          "pin_memory")
 
 
 def check_dataset(dataset):

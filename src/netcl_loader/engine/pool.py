@@ -194,6 +194,9 @@ class Pool:
         self.dataset_states = [None] * W
         self.procs, self.conns = [], []
         self.alive = True
+        # The loader holds it (False once the loader lets it go; a pool closed by a
+        # worker's death stays held until then: its iteration's uploads are still waited for).
+        self.held = True
         # Quietly queued tasks per worker, and how many make a wake worth it:
         # a worker's share of the batches in flight.
         self.quiet = [0] * W
