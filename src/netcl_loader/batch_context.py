@@ -23,6 +23,7 @@ __all__ = ["batch_rng", "count_skipped", "current_batch_seed"]
 _seed_now = None
 _rng_now = None
 _skipped_now = 0
+_epoch_now = None   # (the loader's seed, the epoch) of the batch being made
 
 
 def current_batch_seed():
@@ -64,14 +65,24 @@ def count_skipped(n=1):
     _skipped_now += n
 
 
-def _enter(seed):
-    """The loader starts fetching a batch whose seed is ``seed``."""
-    global _seed_now, _rng_now, _skipped_now
-    _seed_now, _rng_now, _skipped_now = seed, None, 0
+def _epoch_seed():
+    """``(the loader's seed, the epoch)`` of the batch this process is making; None elsewhere.
+
+    For the package's datasets whose order within an epoch is drawn from the
+    loader's ``(seed, epoch)`` (a Mixture's repeated passes).
+    """
+    return _epoch_now
+
+
+def _enter(seed, epoch_seed=None):
+    """The loader starts fetching a batch whose seed is ``seed``, of the epoch ``epoch_seed``
+    (``(the loader's seed, the epoch)``)."""
+    global _seed_now, _rng_now, _skipped_now, _epoch_now
+    _seed_now, _rng_now, _skipped_now, _epoch_now = seed, None, 0, epoch_seed
 
 
 def _leave():
     """The fetch is over: the context ends; returns the samples the dataset skipped."""
-    global _seed_now, _rng_now
-    _seed_now = _rng_now = None
+    global _seed_now, _rng_now, _epoch_now
+    _seed_now = _rng_now = _epoch_now = None
     return _skipped_now

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import netcl_loader
+from netcl_loader import batch_context
 from netcl_loader.text import IGNORE_INDEX, Mixture, TokenFiles
 
 EOS = 0
@@ -470,6 +471,15 @@ def test_mixture_prefix_counts_stay_within_one_sample(tmp_path):
             assert np.all(np.abs(counts - w * j) < 1), (weights, j, counts)
 
 
+def _in_batch_of(seed, epoch, fn, *args):
+    """``fn(*args)`` called as inside a loader's batch of ``epoch`` with ``seed``."""
+    batch_context._enter(None, (seed, epoch))
+    try:
+        return fn(*args)
+    finally:
+        batch_context._leave()
+
+
 def test_mixture_repeats_small_sources_with_a_reshuffled_pass(tmp_path):
     sources = _sources(tmp_path, sizes=(5, 100))
     mix = Mixture(sources, [0.5, 0.5], num_samples=40)
@@ -563,7 +573,9 @@ def test_mixture_weight_change_by_loading_the_state(tmp_path, num_workers):
     np.testing.assert_array_equal(new.source, expected.source)
     assert len(rest) == 14
     for j, batch in enumerate(rest):
-        want = expected.gather_batch(np.arange(60 + 10 * j, 70 + 10 * j), np.empty)
+        # As the loader makes it: the later passes of a source drawn from (seed, epoch).
+        want = _in_batch_of(state["seed"], state["epoch"], expected.gather_batch,
+                            np.arange(60 + 10 * j, 70 + 10 * j), np.empty)
         for k in want:
             np.testing.assert_array_equal(batch[k], want[k])
     for j, batch in enumerate(done):
@@ -680,3 +692,39 @@ def test_docs_language_model_page_runs(tmp_path, monkeypatch):
     for code in blocks:
         exec(compile(code, "docs/text.md", "exec"), scope)
     assert scope["loss"].item() > 0
+
+
+def _small_source_passes(loader, epochs):
+    """The small source's values (its sample ids) read by ``loader``, epoch by epoch."""
+    out = []
+    for _ in range(epochs):
+        values = np.concatenate([batch[0] for batch in loader])
+        out.append(values[values < 100])
+    return out
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_mixture_passes_are_reshuffled_from_the_loaders_seed_and_epoch(workers):
+    """A source that repeats within an epoch reads each later pass in an order drawn
+    from (seed, epoch, source, pass): other epochs and seeds draw other orders, the
+    same (seed, epoch) the same, for every num_workers; the first pass keeps the
+    source's own order."""
+    small = netcl_loader.ArrayDataset(np.arange(8, dtype=np.int64))
+    large = netcl_loader.ArrayDataset(np.arange(100, 200, dtype=np.int64))
+    mix = Mixture([small, large], [0.5, 0.5], num_samples=64)
+
+    def passes(seed, epochs, w):
+        with netcl_loader.DataLoader(mix, batch_size=8, shuffle=False, num_workers=w,
+                                     seed=seed) as loader:
+            return [p.reshape(4, 8) for p in _small_source_passes(loader, epochs)]
+
+    e0, e1 = passes(3, 2, workers)
+    for p in (*e0, *e1):
+        assert sorted(p.tolist()) == list(range(8))       # each pass reads the source once
+    np.testing.assert_array_equal(e0[0], np.arange(8))    # the first pass: its own order
+    np.testing.assert_array_equal(e1[0], np.arange(8))
+    assert not np.array_equal(e0[1:], e1[1:])             # the next epoch: other orders
+    other_seed = passes(4, 1, workers)[0]
+    assert not np.array_equal(e0[1:], other_seed[1:])
+    same = passes(3, 1, 0 if workers else 2)[0]           # another num_workers: the same
+    np.testing.assert_array_equal(e0, same)

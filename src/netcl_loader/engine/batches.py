@@ -187,7 +187,7 @@ class BatchMaker:
     """
 
     __slots__ = ("dataset", "collate_fn", "transforms", "batched", "iterable", "fetcher",
-                 "seed_batches", "base_seed", "rank", "times", "key", "skipped",
+                 "seed_batches", "base_seed", "rank", "times", "key", "epoch_seed", "skipped",
                  "torch_rules")
 
     def __init__(self, dataset, iterable, batching, *, seeding, base_seed, rank,
@@ -210,6 +210,7 @@ class BatchMaker:
         self.rank = rank
         self.times = (0, 0, 0)
         self.key = None       # the next batch's seed (batch_context's while it is made)
+        self.epoch_seed = None  # (base seed, epoch) of the next batch (batch_context's too)
         self.skipped = 0      # samples the dataset replaced in the last batch
         # The PyTorch face: batches as default_collate makes them, samples
         # (batch_size=None) as default_convert shapes them.
@@ -229,6 +230,7 @@ class BatchMaker:
         # Every batch's seed is offered (current_batch_seed), whatever the
         # dataset: one inside a wrapper asks for it too.
         seed = self.key = batch_seed(self.base_seed, epoch, seq, self.rank)
+        self.epoch_seed = (self.base_seed, epoch)
         if not self.seed_batches:
             return None
         seed_everything(seed)
@@ -243,8 +245,8 @@ class BatchMaker:
         """
         clock = time.perf_counter_ns
         t0 = clock()
-        batch_context._enter(self.key)
-        self.key = None
+        batch_context._enter(self.key, self.epoch_seed)
+        self.key = self.epoch_seed = None
         try:
             samples, collated = self.fetcher.fetch(indices, alloc)
         finally:

@@ -8,6 +8,7 @@ import warnings
 
 import numpy as np
 
+from .. import batch_context
 from ._formats import open_stream
 from ._packing import pack_documents, rows_batch, window_batch
 
@@ -254,7 +255,8 @@ class Mixture:
     Tijdeman's chairman assignment, whose bound is ``1 - 1/(2(n-1))`` for
     ``n`` sources).  Each source is read in its own order; a source asked for
     more samples than it has starts a new pass, in an order reshuffled from
-    ``(source, pass)``.  The loader's order over the mixture is its own
+    the loader's ``(seed, epoch)`` and ``(source, pass)`` (read outside a
+    loader: from ``(source, pass)`` alone).  The loader's order over the mixture is its own
     (``shuffle=False``: this schedule), so a resume is exact.
 
     The weights may change at a resume: a loader's ``state_dict()`` holds the
@@ -407,13 +409,16 @@ class Mixture:
         return True
 
     def _order(self, k, pass_):
-        """Source ``k``'s order in pass ``pass_``: its own order first, reshuffled after."""
-        key = (k, pass_)
+        """Source ``k``'s order in pass ``pass_``: its own order first, reshuffled after,
+        from the loader's ``(seed, epoch)`` while it makes a batch."""
+        epoch = batch_context._epoch_seed()
+        key = (k, pass_, epoch)
         order = self._orders.get(key)
         if order is None:
             m = int(self.lengths[k])
+            entropy = [k, pass_] if epoch is None else [int(epoch[0]), int(epoch[1]), k, pass_]
             order = (np.arange(m, dtype=np.int64) if pass_ == 0
-                     else np.random.default_rng([k, pass_]).permutation(m).astype(np.int64))
+                     else np.random.default_rng(entropy).permutation(m).astype(np.int64))
             if len(self._orders) > 64:
                 self._orders.clear()
             self._orders[key] = order
