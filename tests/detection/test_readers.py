@@ -363,3 +363,57 @@ def test_coco_detection_on_the_pytorch_face(tmp_path):
     assert [len(t["boxes"]) for t in targets] == [1, 0, 2]
     assert targets[2]["labels"].tolist() == [3, 1]
     assert targets[2]["boxes"].dtype == torch.float32
+
+
+def _mutations(data, rng, n):
+    """``n`` damaged copies of ``data``: truncated, bit-flipped, emptied, bytes inserted."""
+    for trial in range(n):
+        b = bytearray(data)
+        kind = trial % 4
+        if kind == 0:
+            del b[int(rng.integers(0, len(b))):]
+        elif kind == 1:
+            for p in rng.integers(0, len(b), size=int(rng.integers(1, 6))):
+                b[int(p)] ^= 1 << int(rng.integers(8))
+        elif kind == 2:
+            b = bytearray()
+        else:
+            p = int(rng.integers(0, len(b)))
+            b[p:p] = rng.integers(0, 256, size=int(rng.integers(1, 9)), dtype=np.uint8).tobytes()
+        yield bytes(b)
+
+
+@pytest.mark.parametrize("reader", ["wider", "coco"])
+def test_damaged_annotation_files_read_or_fail_naming_the_file(tmp_path, reader):
+    """Truncated, bit-flipped, empty and spliced annotation files (non-UTF-8 bytes among
+    them) either parse or raise a ValueError that names the file: never another error."""
+    if reader == "wider":
+        path, _ = make_wider(str(tmp_path / "w"))
+        parse = parse_wider
+    else:
+        path, _ = make_coco(str(tmp_path / "c"))
+        parse = parse_coco
+    with open(path, "rb") as f:
+        data = f.read()
+    damaged = str(tmp_path / "damaged.txt")
+    refused = 0
+    for b in _mutations(data, np.random.default_rng(0), 400):
+        with open(damaged, "wb") as f:
+            f.write(b)
+        try:
+            parse(damaged)
+        except ValueError as exc:
+            assert type(exc) is ValueError and "damaged.txt" in str(exc), repr(exc)
+            refused += 1
+    assert refused > 100
+
+
+def test_an_annotation_file_that_is_not_utf8_names_the_file_and_byte(tmp_path):
+    gt = tmp_path / "gt.txt"
+    gt.write_bytes(b"0--Parade/a.jpg\n1\n\xff\xfe 1 2 3 4 0 0 0 0 0 0\n")
+    with pytest.raises(ValueError, match=r"gt\.txt: not UTF-8 text \(byte 18"):
+        parse_wider(str(gt))
+    ann = tmp_path / "ann.json"
+    ann.write_bytes(b'{"images": ["\xc3\x28"]}')
+    with pytest.raises(ValueError, match=r"ann\.json.*byte \d+.*not UTF-8 JSON"):
+        parse_coco(str(ann))

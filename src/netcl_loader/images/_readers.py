@@ -32,6 +32,20 @@ _WIDER_FIELDS = 4 + len(WIDER_ATTRIBUTES)
 WIDER_SPLITS = ("train", "val", "test")
 
 
+def _text_lines(path):
+    """The lines of a UTF-8 text file; ValueError naming the file and the byte where it
+    is not UTF-8.  (utf-8-sig: a file saved with a byte order mark, as some editors on
+    Windows write one, reads as without it, not as a first line starting "\ufeff".)"""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        return data.decode("utf-8-sig").splitlines()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{os.fspath(path)!s}: not UTF-8 text (byte {exc.start}: "
+                         f"{exc.reason}); expected an annotation file as the dataset "
+                         f"ships it") from None
+
+
 def _wider_error(gt_file, lineno, what):
     return ValueError(f"{os.fspath(gt_file)!s}, line {lineno}: {what}")
 
@@ -71,10 +85,7 @@ def parse_wider(gt_file):
         width or height, an ``invalid`` flag other than 0 or 1, the line of
         a zero-face image not all zeros, or the file ending inside an entry.
     """
-    # utf-8-sig: a file saved with a byte order mark (some editors on Windows
-    # write one) reads as without it, not as a first path starting "\ufeff".
-    with open(gt_file, "r", encoding="utf-8-sig") as f:
-        lines = f.read().splitlines()
+    lines = _text_lines(gt_file)
     # Trailing blank lines are tolerated (an editor's final newline); a blank
     # line anywhere else is a malformed entry.
     end = len(lines)
@@ -195,8 +206,7 @@ def _looks_like_path(text):
 
 def parse_wider_list(list_file):
     """Image paths of WIDER FACE's ``wider_face_test_filelist.txt`` (one a line)."""
-    with open(list_file, "r", encoding="utf-8-sig") as f:
-        return [line.strip() for line in f.read().splitlines() if line.strip()]
+    return [line.strip() for line in _text_lines(list_file) if line.strip()]
 
 
 def _segmentation_box(seg, ann_file, where, image):
@@ -347,6 +357,9 @@ def _read_coco_json(ann_file):
     except json.JSONDecodeError as exc:
         raise _coco_error(ann_file, f"line {exc.lineno}, column {exc.colno}",
                           f"not valid JSON ({exc.msg})") from None
+    except UnicodeDecodeError as exc:
+        raise _coco_error(ann_file, f"byte {exc.start}",
+                          f"not UTF-8 JSON ({exc.reason})") from None
     if not isinstance(data, dict):
         raise _coco_error(ann_file, "top level", "expected a JSON object with 'images', "
                           f"'annotations' and 'categories', got a {type(data).__name__}")
