@@ -142,3 +142,16 @@ def test_the_rule_catches_imports_against_it(tmp_path, source, expected):
     path.write_text(source)
     wrong = violations("engine", str(path), module=["netcl_loader", "engine", "probe"])
     assert [w.split(" ", 1)[1] for w in wrong] == expected
+
+
+#: Parts held to less than their layer allows: object storage knows nothing of the
+#: loader (it imports these parts of the package only).
+ONLY = {"remote": {"_errors"}}
+
+
+@pytest.mark.parametrize("part,path", sorted(p for p in sources() if p[0] in ONLY),
+                         ids=lambda v: os.path.relpath(v, PACKAGE) if os.sep in str(v) else v)
+def test_remote_imports_nothing_of_the_package_but_errors(part, path):
+    wrong = [f"{os.path.relpath(path, PACKAGE)}:{line} imports {other}"
+             for line, other in imported_parts(path) if other != part and other not in ONLY[part]]
+    assert not wrong, "\n".join(wrong)
