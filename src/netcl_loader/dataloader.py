@@ -31,8 +31,9 @@ from ._errors import LoaderTimeout
 from .engine.options import (BATCH_SIZE, DROP_LAST, GROUP_OF, PUBLIC_ATTRIBUTES, SHUFFLE, Unset,
                        check_flag, check_options)
 from .engine.position import Position, StateShape
-from .engine.order import (epoch_length, epoch_order, global_order, group, index_batches,
-                     length_or_none, local_order, num_batches)
+from .engine.order import (dataset_length, epoch_length, epoch_order, global_order, group,
+                           index_batches, length_or_none, local_order, num_batches,
+                           shard_length)
 from .remote.loop import paused as stores_paused
 from .engine.pool import Pool, WorkerError
 from .engine.worker import WorkerConfig
@@ -237,15 +238,25 @@ class DataLoader:
                 return ([i] for i in self.sampler)
             return group(iter(self.sampler), self.batch_size, self.drop_last)
         start = self._position.start_of(epoch)
+        n = dataset_length(self.dataset, self.seed, epoch)
         if start:
             # The rest of the epoch's global order, from where all the ranks of
             # a state saved under another world_size had come together.
-            order = global_order(len(self.dataset), self.seed, epoch, self.shuffle)[start:]
+            order = global_order(n, self.seed, epoch, self.shuffle)[start:]
             order = local_order(order, self.rank, self.world_size, self.drop_last)
         else:
-            order = epoch_order(self.dataset, len(self.dataset), self.seed, epoch, self.shuffle,
+            order = epoch_order(self.dataset, n, self.seed, epoch, self.shuffle,
                                 self.rank, self.world_size, self.drop_last)
         return iter(index_batches(order, self.batch_size, self.drop_last))
+
+    def _epoch_samples(self, epoch, seed=None, whole=False):
+        """Samples this rank gets in ``epoch`` of the built-in order: of the whole
+        epoch, or of its rest after a state saved under another world_size."""
+        n = dataset_length(self.dataset, self.seed if seed is None else seed, epoch)
+        start = 0 if whole else self._position.start_of(epoch)
+        if start:
+            return shard_length(n - start, self.world_size, self.drop_last)
+        return epoch_length(self.dataset, n, self.world_size, self.drop_last)
 
     def _reshardable(self):
         """Whether a state saved under another world_size can be resumed: the built-in
@@ -277,11 +288,20 @@ class DataLoader:
             set_epoch(epoch)
 
     def __len__(self):
-        """Batches one epoch yields (on this rank).
+        """Batches one epoch yields (on this rank): the epoch being iterated, else the next.
 
         For an iterable-style dataset, from ``len(dataset)`` as PyTorch computes
-        it (TypeError when the dataset has no length).
+        it (TypeError when the dataset has no length).  A dataset whose samples
+        are made per epoch (``TokenFiles(pack="documents")``) counts that
+        epoch's; an epoch resumed from a state saved under another
+        ``world_size`` counts the batches of its rest, which is what it yields.
         """
+        return self._batches_in(self._position.current_epoch())
+
+    def _batches_in(self, epoch, seed=None, whole=False):
+        """Batches ``epoch`` yields on this rank (``whole``: counted from the epoch's
+        start even after a resharded resume), its order drawn from ``seed``
+        (default: the loader's)."""
         if self.iterable:
             return num_batches(len(self.dataset), self.batch_size, self.drop_last)
         if self.batch_sampler is not None:
@@ -289,7 +309,7 @@ class DataLoader:
         if self.sampler is not None:
             n = len(self.sampler)
         else:
-            n = epoch_length(self.dataset, len(self.dataset), self.world_size, self.drop_last)
+            n = self._epoch_samples(epoch, seed, whole)
         return num_batches(n, self.batch_size, self.drop_last)
 
     def set_epoch(self, epoch):
@@ -327,21 +347,26 @@ class DataLoader:
     def _live_pool(self):
         return self._pool if self._pool is not None and self._pool.alive else None
 
-    def _state_shape(self, for_load=True):
+    def _state_shape(self, for_load=True, epoch=None, seed=None):
         """What this loader's states are saved from and checked against.  Only a load
-        needs the epoch's batch count: saving never asks a sampler for its length."""
+        needs the batch count of the state's ``epoch`` (drawn from the state's
+        ``seed``): saving never asks a sampler for its length."""
         n_batches = None
+        if epoch is None:
+            epoch = self._position.current_epoch()
         if for_load:
             try:
-                n_batches = len(self)
+                n_batches = self._batches_in(epoch, seed, whole=True)
             except TypeError:  # an iterable dataset without a length: resumed by replay
                 pass
         # The part of a state that says which loader it fits (checked at load).
         config = {"seed": self.seed, "dataset_len": length_or_none(self.dataset),
                   "batch_size": self.batch_size, "drop_last": self.drop_last,
                   "shuffle": self.shuffle, "world_size": self.world_size, "rank": self.rank}
-        return StateShape(config, n_batches, self.iterable, self._reshardable(),
-                          len(self.dataset) if not self.iterable else 0, self.batch_size,
+        n = 0 if self.iterable else dataset_length(
+            self.dataset, self.seed if seed is None else seed, epoch)
+        return StateShape(config, n_batches, self.iterable, self._reshardable(), n,
+                          self.batch_size,
                           self.world_size, self.num_workers, self._keeps_dataset_state(),
                           self.dataset)
 
@@ -376,7 +401,14 @@ class DataLoader:
         dataset that orders its own shards, or out-of-order batches done past
         the position (``in_order=False``).
         """
-        self._position.load_state_dict(state, self._state_shape(), self._prepare_resume)
+        # The state's epoch and seed, for a dataset whose samples depend on them
+        # (their values are checked with the rest; anything else counts as this
+        # loader's own, and fails that check).
+        epoch, seed = ((state.get("epoch"), state.get("seed")) if isinstance(state, dict)
+                       else (None, None))
+        ok = all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (epoch, seed))
+        shape = self._state_shape(epoch=epoch if ok else None, seed=seed if ok else None)
+        self._position.load_state_dict(state, shape, self._prepare_resume)
 
     def _prepare_resume(self, loaded):
         """A checked state is about to be resumed: the dataset takes its order, and a

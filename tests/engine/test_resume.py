@@ -318,7 +318,9 @@ def test_a_state_resumes_under_another_world_size(n, old_ws, new_ws, stop, num_w
         with make(n, seed=4, rank=r, world_size=new_ws, batch_size=3,
                   num_workers=num_workers) as loader:
             loader.load_state_dict(states[r % old_ws])
+            promised = len(loader)        # the batches of the epoch's rest, as they come
             rest[r] = epoch(loader)
+            assert promised == len(rest[r])
             assert loader.state_dict()["epoch"] == 1
             # The next epoch is whole again, as this world_size shares it out.
             with make(n, seed=4, rank=r, world_size=new_ws, batch_size=3) as fresh:

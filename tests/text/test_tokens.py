@@ -1,4 +1,5 @@
 """netcl_loader.text: token files, packings and mixtures against plain oracles and real files."""
+import contextlib
 import json
 import struct
 import warnings
@@ -9,8 +10,31 @@ import pytest
 import netcl_loader
 from netcl_loader import batch_context
 from netcl_loader.text import IGNORE_INDEX, Mixture, TokenFiles
+from netcl_loader.text._datasets import _DOCUMENT_STREAM
 
 EOS = 0
+
+
+@contextlib.contextmanager
+def loader_epoch(seed, epoch):
+    """Read datasets as a loader seeded ``seed`` reads them in ``epoch`` (its batch
+    context): documents are packed as that epoch packs them."""
+    batch_context._enter(None, (seed, epoch))
+    try:
+        yield
+    finally:
+        batch_context._leave()
+
+
+def epoch_rows(ds, seed, epoch):
+    """Every row of ``ds`` as a loader seeded ``seed`` has them in ``epoch``."""
+    with loader_epoch(seed, epoch):
+        return ds.gather_batch(np.arange(ds._netcl_epoch_len(seed, epoch)), np.empty)
+
+
+def document_order(n, seed, epoch):
+    """The order documents are packed in, in epoch ``epoch`` of a loader seeded ``seed``."""
+    return np.random.default_rng([seed, epoch, _DOCUMENT_STREAM]).permutation(n)
 
 
 # -- real files ------------------------------------------------------------------
@@ -151,7 +175,10 @@ def oracle_pieces(docs, seq_len):
     return pieces
 
 
-def oracle_document_rows(docs, seq_len, window):
+def oracle_document_rows(docs, seq_len, window, seed=0, epoch=0):
+    """Rows of ``docs`` taken in the order shuffled from ``(seed, epoch)``, ``window`` at a
+    time, each window's pieces packed by best-fit decreasing."""
+    docs = [docs[i] for i in document_order(len(docs), seed, epoch)]
     rows = []
     for w in range(0, len(docs), window):
         pieces = oracle_pieces(docs[w:w + window], seq_len)
@@ -238,6 +265,11 @@ def test_documents_equal_the_bfd_oracle(tmp_path, shift_labels):
     # No piece is split: every document's tokens lie, in order, in the rows.
     flat = [tok for r in rows for s in r if s and s[0] is not None for tok in s]
     assert sorted(flat) == sorted(int(x) for d in docs for x in d)
+    # A loader's epoch packs its own shuffle of the documents, the same oracle's.
+    for seed, epoch in ((5, 0), (5, 1), (6, 1)):
+        rows = oracle_document_rows(docs, seq_len, window, seed, epoch)
+        assert ds._netcl_epoch_len(seed, epoch) == len(rows)
+        check_batch(epoch_rows(ds, seed, epoch), oracle_layout(rows, shift_labels, pad_id=7))
 
 
 def test_best_fit_pads_no_more_than_first_fit(tmp_path):
@@ -301,8 +333,8 @@ def test_megatron_documents_from_its_index(tmp_path, name):
     arg = prefix if name == "prefix" else str(tmp_path / name)
     seq_len = 16
     ds = TokenFiles(arg, seq_len, pack="documents", shuffle_window=8, shift_labels=False)
-    rows = oracle_document_rows(docs, seq_len, 8)
-    check_batch(ds.gather_batch(np.arange(len(ds)), np.empty), oracle_layout(rows, False))
+    rows = oracle_document_rows(docs, seq_len, 8, seed=2, epoch=3)
+    check_batch(epoch_rows(ds, 2, 3), oracle_layout(rows, False))
     none = TokenFiles(arg, 1000, pack="none")
     assert len(none) == len(docs)
     check_batch(none.gather_batch(np.array([1, 0]), np.empty),
@@ -337,8 +369,10 @@ def test_same_batches_for_every_num_workers_and_both_faces(tmp_path, pack, face)
     docs = make_docs(80, seed=9)
     ds = TokenFiles(write_bin(tmp_path / "t.bin", docs), 16, dtype="uint16", eos_id=EOS,
                     pack=pack, shuffle_window=20)
-    expected = [ds.gather_batch(b, np.empty) for b in np.array_split(
-        np.random.default_rng([3, 0]).permutation(len(ds)), range(4, len(ds), 4))]
+    n = ds._netcl_epoch_len(3, 0)
+    with loader_epoch(3, 0):
+        expected = [ds.gather_batch(b, np.empty) for b in np.array_split(
+            np.random.default_rng([3, 0]).permutation(n), range(4, n, 4))]
     for nw in (0, 2):
         with _loader_batches(ds, face, nw, shuffle=True, seed=3) as loader:
             got = list(loader)
@@ -389,8 +423,69 @@ def test_ranks_cover_the_epoch(tmp_path):
                                      world_size=2, drop_last=False) as loader:
             for b in loader:
                 seen.extend(map(tuple, b["input_ids"]))
-    rows = {tuple(r) for r in ds.gather_batch(np.arange(len(ds)), np.empty)["input_ids"]}
+    rows = {tuple(r) for r in epoch_rows(ds, 1, 0)["input_ids"]}
     assert set(seen) == rows
+
+
+def _tokens_of_rows(batch, pad_id):
+    """The multiset of tokens in a batch's rows, padding left out."""
+    return sorted(int(t) for r in np.asarray(batch["input_ids"]) for t in r if t != pad_id)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_documents_are_packed_afresh_every_epoch(tmp_path, num_workers):
+    """Each epoch packs the documents in its own order drawn from (seed, epoch): its rows
+    hold every token once, len(loader) counts that epoch's batches, and every
+    num_workers gives the same batches."""
+    docs = make_docs(120, seed=21, high=30)
+    ds = TokenFiles(write_bin(tmp_path / "e.bin", docs), 16, dtype="uint16", eos_id=EOS,
+                    pack="documents", shuffle_window=12, pad_id=999)
+    tokens = sorted(int(x) for d in docs for x in d)
+    epochs = []
+    with netcl_loader.DataLoader(ds, batch_size=4, seed=8, num_workers=num_workers,
+                                 drop_last=False) as loader:
+        for e in range(3):
+            promised = len(loader)
+            batches = list(loader)
+            assert len(batches) == promised == -(-ds._netcl_epoch_len(8, e) // 4)
+            rows = {tuple(r) for b in batches for r in b["input_ids"]}
+            assert rows == {tuple(r) for r in epoch_rows(ds, 8, e)["input_ids"]}
+            got = sorted(t for b in batches for t in _tokens_of_rows(b, 999))
+            assert got == tokens                   # every document's tokens, once
+            epochs.append(rows)
+    assert epochs[0] != epochs[1] and epochs[1] != epochs[2]
+    # Another seed packs other rows in the same epoch.
+    with loader_epoch(9, 0):
+        other = {tuple(r) for r in ds.gather_batch(np.arange(ds._netcl_epoch_len(9, 0)),
+                                                      np.empty)["input_ids"]}
+    assert other != epochs[0]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_documents_resume_inside_a_later_epoch(tmp_path, num_workers):
+    """A state taken inside epoch 1 (whose packing is not epoch 0's) resumes exactly."""
+    docs = make_docs(90, seed=22, high=30)
+    ds = TokenFiles(write_bin(tmp_path / "r1.bin", docs), 12, dtype="uint16", eos_id=EOS,
+                    pack="documents", shuffle_window=10)
+    with netcl_loader.DataLoader(ds, batch_size=3, num_workers=num_workers, seed=5) as loader:
+        first = list(loader)
+        second = list(loader)
+    stop = len(second) // 2
+    with netcl_loader.DataLoader(ds, batch_size=3, num_workers=num_workers, seed=5) as a:
+        list(a)
+        it = iter(a)
+        for _ in range(stop):
+            next(it)
+        state = json.loads(json.dumps(a.state_dict()))
+    assert state["epoch"] == 1 and len(first) > 0
+    with netcl_loader.DataLoader(ds, batch_size=3, num_workers=num_workers, seed=0) as b:
+        b.load_state_dict(state)                 # takes the state's seed, 5
+        assert len(b) == len(second)
+        rest = list(b)
+    assert len(rest) == len(second) - stop
+    for g, e in zip(rest, second[stop:]):
+        for k in e:
+            np.testing.assert_array_equal(g[k], e[k])
 
 
 @pytest.mark.parametrize("old_ws,new_ws", [(2, 3), (4, 2)])
@@ -398,7 +493,7 @@ def test_resume_across_world_sizes_covers_the_epoch_once(tmp_path, old_ws, new_w
     docs = make_docs(120, seed=13)
     ds = TokenFiles(write_bin(tmp_path / "ws.bin", docs), 10, dtype="uint16", eos_id=EOS,
                     pack="documents", shuffle_window=16)
-    rows = [tuple(r) for r in ds.gather_batch(np.arange(len(ds)), np.empty)["input_ids"]]
+    rows = [tuple(r) for r in epoch_rows(ds, 3, 0)["input_ids"]]
     assert len(set(rows)) == len(rows)
     seen, state = [], None
     for rank in range(old_ws):
@@ -514,10 +609,12 @@ def test_mixture_batches_are_their_sources_rows(tmp_path, pack):
         np.testing.assert_array_equal(got[key], np.concatenate([o[key] for o in one]))
     cu = np.concatenate([o["cu_seqlens"][:-1] + r * 10 for r, o in enumerate(one)] + [[50]])
     np.testing.assert_array_equal(got["cu_seqlens"], cu)
-    with netcl_loader.DataLoader(mix, batch_size=5, shuffle=False, num_workers=2) as loader:
+    with netcl_loader.DataLoader(mix, batch_size=5, shuffle=False, num_workers=2,
+                                 seed=4) as loader:
         first = next(iter(loader))
-    np.testing.assert_array_equal(first["input_ids"],
-                                  mix.gather_batch(np.arange(5), np.empty)["input_ids"])
+    with loader_epoch(4, 0):
+        np.testing.assert_array_equal(first["input_ids"],
+                                      mix.gather_batch(np.arange(5), np.empty)["input_ids"])
 
 
 def test_mixture_of_other_datasets_collates_their_samples():

@@ -7,7 +7,7 @@ import numpy as np
 
 __all__ = ["global_order", "local_order", "index_batches", "group", "num_batches", "Progress",
            "check_state", "STATE_VERSION", "STATE_KEYS", "epoch_order", "epoch_length",
-           "window_order", "rank_shards", "window_rank_length"]
+           "window_order", "rank_shards", "window_rank_length", "dataset_length"]
 
 #: State dict format.
 STATE_VERSION = 1
@@ -21,6 +21,21 @@ def length_or_none(dataset):
         return len(dataset)
     except TypeError:
         return None
+
+
+def dataset_length(dataset, seed, epoch):
+    """The samples of map-style ``dataset`` in epoch ``epoch`` of a loader seeded ``seed``.
+
+    ``len(dataset)``, unless the dataset makes its samples afresh every epoch
+    (token documents packed into rows over an order drawn from ``(seed,
+    epoch)``): then its ``_netcl_epoch_len(seed, epoch)``, which must be a pure
+    function of its arguments, as the order is, so that every rank, every
+    worker and a resume count the same samples.
+    """
+    own = getattr(dataset, "_netcl_epoch_len", None)
+    if own is not None:
+        return int(own(seed, epoch))
+    return len(dataset)
 
 
 def group(indices, batch_size, drop_last):

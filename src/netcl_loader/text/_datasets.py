@@ -9,6 +9,7 @@ import warnings
 import numpy as np
 
 from .. import batch_context
+from ..engine.order import dataset_length
 from ._formats import open_stream
 from ._packing import pack_documents, rows_batch, window_batch
 
@@ -16,6 +17,12 @@ __all__ = ["TokenFiles", "Mixture", "PACKINGS", "DEFAULT_SHUFFLE_WINDOW"]
 
 #: The ways a sample is cut from the stream.
 PACKINGS = ("window", "documents", "none")
+#: The ``(seed, epoch)`` of rows packed outside a loader (``len(ds)``, ``ds[i]``).
+_UNSEEDED = (0, 0)
+#: Packings kept per dataset: the epoch running and the next, started early.
+_PACKINGS_KEPT = 3
+#: Mixed into the document order's seed, apart from the loader's sample order.
+_DOCUMENT_STREAM = 0x646F6373
 #: Documents packed together by best-fit decreasing: enough that rows fill up
 #: (the padding falls as the window grows) while the packing stays cheap.
 DEFAULT_SHUFFLE_WINDOW = 1024
@@ -125,10 +132,13 @@ class TokenFiles:
 
     Notes
     -----
-    ``pack="documents"`` packs once, at construction, over the documents in
-    file order; the loader's shuffle then permutes the rows every epoch from
-    ``(seed, epoch)``.  The rows are thus the same every epoch (their number
-    is fixed, as ``len(loader)``, resume and sharding need), their order not.
+    ``pack="documents"`` packs afresh every epoch: the documents in an order
+    drawn from the loader's ``(seed, epoch)``, ``shuffle_window`` at a time,
+    then the loader's shuffle permutes the rows.  The number of rows may
+    differ between epochs; the loader counts each epoch's (``len(loader)``,
+    resume, ranks).  Each process packs an epoch once, at its first batch
+    (about a second per million documents).  Read outside a loader
+    (``len(ds)``, ``ds[i]``), the rows are those of epoch 0 under seed 0.
 
     Examples
     --------
@@ -176,9 +186,9 @@ class TokenFiles:
         if pack == "window":
             self._n = len(self.stream) // (self.seq_len + 1)
         elif pack == "documents":
-            self._row_ptr, self._piece_start, self._piece_len = pack_documents(
-                starts, lengths, self.seq_len, self.shuffle_window)
-            self._n = len(self._row_ptr) - 1
+            self._doc_start, self._doc_len = starts, lengths
+            self._packings = {}
+            self._n = self._epoch_len(*_UNSEEDED)
         else:
             self._doc_start = starts
             self._doc_len = np.minimum(lengths, self.seq_len)
@@ -186,6 +196,39 @@ class TokenFiles:
 
     def __len__(self):
         return self._n
+
+    # -- pack="documents": rows packed afresh every epoch ---------------------------
+    def _packing(self, seed, epoch):
+        """``(row_ptr, piece_start, piece_len)`` of epoch ``epoch`` under ``seed``: the
+        documents in an order drawn from ``(seed, epoch)``, packed a window of
+        ``shuffle_window`` at a time.  A pure function of its arguments, so the
+        loader's process and every worker make the same rows; the last few are
+        kept (an epoch and the next one, started early, are made at once)."""
+        key = (int(seed), int(epoch))
+        packed = self._packings.get(key)
+        if packed is None:
+            order = np.random.default_rng([*key, _DOCUMENT_STREAM]).permutation(
+                len(self._doc_start))
+            packed = pack_documents(self._doc_start[order], self._doc_len[order], self.seq_len,
+                                    self.shuffle_window)
+            while len(self._packings) >= _PACKINGS_KEPT:
+                del self._packings[next(iter(self._packings))]
+            self._packings[key] = packed
+        return packed
+
+    def _epoch_len(self, seed, epoch):
+        return len(self._packing(seed, epoch)[0]) - 1
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        if "_packings" in state:
+            state["_packings"] = {}   # each process packs the epochs it reads itself
+        return state
+
+    def _netcl_epoch_len(self, seed, epoch):
+        """Samples in epoch ``epoch`` of a loader seeded ``seed`` (the loader counts
+        each epoch's from this): the rows of that epoch's packing, else ``len(self)``."""
+        return self._epoch_len(seed, epoch) if self.pack == "documents" else self._n
 
     @property
     def num_tokens(self):
@@ -196,7 +239,8 @@ class TokenFiles:
         """The share of padding tokens in the rows of ``pack="documents"`` (0 otherwise)."""
         if self.pack != "documents" or not self._n:
             return 0.0
-        return 1.0 - float(self._piece_len.sum()) / (self._n * self.seq_len)
+        row_ptr, _, piece_len = self._packing(*(batch_context._epoch_seed() or _UNSEEDED))
+        return 1.0 - float(piece_len.sum()) / ((len(row_ptr) - 1) * self.seq_len)
 
     def gather_batch(self, indices, alloc):
         """The batch of samples ``indices``, its arrays from ``alloc``.
@@ -216,18 +260,22 @@ class TokenFiles:
         dict of ndarray
             ``input_ids``, ``labels``, ``position_ids``, ``cu_seqlens``, ``max_seqlen``.
         """
-        idx = _indices(indices, self._n, "TokenFiles")
-        if self.pack == "window":
-            return window_batch(self.stream, idx * (self.seq_len + 1), self.seq_len, alloc,
-                                self.shift_labels)
         if self.pack == "documents":
-            lo, hi = self._row_ptr[idx], self._row_ptr[idx + 1]
+            epoch = batch_context._epoch_seed() or _UNSEEDED
+            row_ptr, piece_start, piece_len = self._packing(*epoch)
+            idx = _indices(indices, len(row_ptr) - 1,
+                           f"TokenFiles(pack='documents') in epoch {epoch[1]}")
+            lo, hi = row_ptr[idx], row_ptr[idx + 1]
             n = hi - lo
             piece = np.repeat(lo - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
             row = np.repeat(np.arange(len(idx), dtype=np.int64), n)
             return rows_batch(self.stream, len(idx), self.seq_len, row,
-                              self._piece_start[piece], self._piece_len[piece], alloc,
+                              piece_start[piece], piece_len[piece], alloc,
                               self.pad_id, self.shift_labels)
+        idx = _indices(indices, self._n, "TokenFiles")
+        if self.pack == "window":
+            return window_batch(self.stream, idx * (self.seq_len + 1), self.seq_len, alloc,
+                                self.shift_labels)
         lengths = self._doc_len[idx]
         return rows_batch(self.stream, 1, int(lengths.sum()), np.zeros(len(idx), np.int64),
                           self._doc_start[idx], lengths, alloc, self.pad_id, self.shift_labels)
@@ -415,7 +463,7 @@ class Mixture:
         key = (k, pass_, epoch)
         order = self._orders.get(key)
         if order is None:
-            m = int(self.lengths[k])
+            m = int(self._source_lengths(epoch)[k])
             entropy = [k, pass_] if epoch is None else [int(epoch[0]), int(epoch[1]), k, pass_]
             order = (np.arange(m, dtype=np.int64) if pass_ == 0
                      else np.random.default_rng(entropy).permutation(m).astype(np.int64))
@@ -424,13 +472,21 @@ class Mixture:
             self._orders[key] = order
         return order
 
+    def _source_lengths(self, epoch):
+        """The sources' lengths in the loader's epoch ``(seed, epoch)`` (None: outside a
+        loader): a source packed afresh every epoch has that epoch's rows, so a
+        pass of it covers them all."""
+        if epoch is None:
+            return self.lengths
+        return np.array([dataset_length(d, *epoch) for d in self.datasets], np.int64)
+
     def locate(self, indices):
         """``(source, index in source)`` of mixture positions ``indices`` (int64 arrays)."""
         idx = _indices(indices, self.num_samples, "Mixture")
         src = self.source[idx]
         draw = self.draw[idx]
         local = np.empty(len(idx), np.int64)
-        lengths = self.lengths[src]
+        lengths = self._source_lengths(batch_context._epoch_seed())[src]
         passes = draw // np.maximum(lengths, 1)
         for k, p in set(zip(src.tolist(), passes.tolist())):
             sel = (src == k) & (passes == p)
@@ -474,9 +530,11 @@ def _token_batch(parts, proto, alloc):
                              alloc)
     if proto.pack == "documents":
         pieces, rows = [], []
+        epoch = batch_context._epoch_seed() or _UNSEEDED
         for r, (ds, i) in enumerate(parts):
-            for p in range(int(ds._row_ptr[i]), int(ds._row_ptr[i + 1])):
-                pieces.append((ds.stream, int(ds._piece_start[p]), int(ds._piece_len[p])))
+            row_ptr, piece_start, piece_len = ds._packing(*epoch)
+            for p in range(int(row_ptr[i]), int(row_ptr[i + 1])):
+                pieces.append((ds.stream, int(piece_start[p]), int(piece_len[p])))
                 rows.append(r)
         return _pieces_batch(pieces, rows, len(parts), proto.seq_len, proto, alloc)
     # Windows: each cut by its own source's stream (and documents), then stacked.

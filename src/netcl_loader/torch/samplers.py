@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import RandomSampler, SequentialSampler
 
-from ..engine.order import epoch_length, epoch_order
+from ..engine.order import dataset_length, epoch_length, epoch_order
 from ..datasets import random_split as _random_split
 
 __all__ = ["EngineOrderSampler", "random_split"]
@@ -65,16 +65,17 @@ class EngineOrderSampler:
         self._epoch = int(epoch)
 
     def _indices(self):
-        n = len(self.data_source)
-        return epoch_order(self.data_source, n, self.seed, self._current_epoch(), self._shuffle,
+        epoch = self._current_epoch()
+        n = dataset_length(self.data_source, self.seed, epoch)
+        return epoch_order(self.data_source, n, self.seed, epoch, self._shuffle,
                            self._rank, self._world_size, self._drop_last).tolist()
 
     def __iter__(self):
         return iter(self._indices())
 
     def __len__(self):
-        return epoch_length(self.data_source, len(self.data_source), self._world_size,
-                            self._drop_last)
+        n = dataset_length(self.data_source, self.seed, self._current_epoch())
+        return epoch_length(self.data_source, n, self._world_size, self._drop_last)
 
     def __getstate__(self):
         state = self.__dict__.copy()
