@@ -18,6 +18,12 @@ when the test inside it fails.  ``fault`` is one of:
 - ``"ignore-ranges"``: a range answered 200 with the whole object.
 - ``"overlong-body"``: a range answered 206 correctly, then 50 stray bytes
   after the body on the same connection (a body longer than its length).
+- ``"forbidden"``: a file whose name starts with ``/forbidden`` answered 403
+  (access denied), the others served correctly.
+
+``delay`` (seconds) holds each answer back a random 0 to ``delay`` seconds
+(``seed`` draws them): answers then keep arriving while the client is
+giving up on the requests it has in flight.
 
 ``requests`` counts the GETs served, ``not_modified`` those answered 304 (a
 correct origin answers If-None-Match of its ETag so).
@@ -26,9 +32,11 @@ from __future__ import annotations
 
 import gzip
 import http.server
+import random
 import re
 import socketserver
 import threading
+import time
 import zlib
 
 HOST = "127.0.0.1"
@@ -37,12 +45,15 @@ HOST = "127.0.0.1"
 class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128   # a loader opens tens of connections at once
 
 
 class FaultHTTP:
-    def __init__(self, files, fault=None):
+    def __init__(self, files, fault=None, delay=0.0, seed=0):
         self.files = dict(files)
         self.fault = fault
+        self.delay = float(delay)
+        self.rng = random.Random(seed)
         self.requests = 0
         self.heads = 0
         self.not_modified = 0   # GETs answered 304 (If-None-Match of the current ETag)
@@ -71,7 +82,17 @@ class FaultHTTP:
                 self._answer(head=False)
 
             def _answer(self, head):
-                data = owner.files.get(self.path.split("?", 1)[0])   # a signed query ignored
+                if owner.delay:
+                    with owner.lock:
+                        pause = owner.rng.uniform(0.0, owner.delay)
+                    time.sleep(pause)
+                name = self.path.split("?", 1)[0]   # a signed query ignored
+                if owner.fault == "forbidden" and name.startswith("/forbidden"):
+                    self.send_response(403)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                data = owner.files.get(name)
                 if data is None:
                     self.send_response(404)
                     self.send_header("Content-Length", "0")

@@ -5,8 +5,10 @@ data by URL; this package turns those names into bytes on the local disk,
 which workers then read by offset as they read local files.  Bottom to top:
 
 - ``urls``: URL schemes, brace ranges, and keeping secrets out of text;
+- ``loop``: the package's own event loop thread, stopped while the loader
+  forks, and the one way tasks are started on it and waits bounded (every
+  task's exception retrieved);
 - ``retry``: the one retry policy of every request, and the errors users see;
-- ``loop``: the package's own event loop thread, stopped while the loader forks;
 - ``store``: requests to one store through fsspec, each under the retry policy;
 - ``cache``: the local folder of fetched bytes, never past its bound;
 - ``units``: the objects a dataset reads, and fetching one into the cache;

@@ -8,6 +8,14 @@ fsspec's filesystems would run on fsspec's own loop thread, which never stops
 the stores get this loop instead: ``paused()`` ends its thread and its
 executor's threads (the loop, its sessions and its pending tasks kept), the
 pool forks, and the thread starts again (pending fetches go on at once).
+
+Every task this package starts on the loop has its exception retrieved,
+whoever awaits it and whether or not anyone still does: a task whose
+exception is never read is logged ("Task exception was never retrieved")
+when it is collected, at some later moment and from any thread.  So the
+package starts tasks only through :func:`spawn` (on the loop's thread) and
+:func:`submit` (from another thread), whose tasks read their own outcome as
+they end, and bounds a wait with :func:`within`, which starts no task at all.
 """
 from __future__ import annotations
 
@@ -18,7 +26,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-__all__ = ["running_loop", "paused", "join_thread"]
+__all__ = ["running_loop", "paused", "join_thread", "spawn", "submit", "within"]
 
 #: Threads of the loop's executor (aiohttp's name lookups, file I/O of s3fs).
 EXECUTOR_THREADS = 4
@@ -148,3 +156,51 @@ def running_loop():
 def paused():
     """A context in which no thread of the loop runs (see the module's docstring)."""
     return _LOOP.paused()
+
+
+# -- tasks ---------------------------------------------------------------------------
+def _retrieve(task):
+    """A task's done-callback: its outcome read, so that an exception nobody
+    awaits any more (its awaiter cancelled, or given up at a deadline) is not
+    logged as never retrieved.  Whoever still awaits the task gets the
+    exception all the same: reading it does not consume it."""
+    if not task.cancelled():
+        task.exception()
+
+
+def spawn(coro):
+    """A task of ``coro`` on the running loop (on the loop's thread), its
+    exception retrieved when it ends (see the module's docstring)."""
+    task = asyncio.ensure_future(coro)
+    task.add_done_callback(_retrieve)
+    return task
+
+
+def submit(loop, coro_fn, *args):
+    """Start ``coro_fn(*args)`` on ``loop`` from another thread; a concurrent Future
+    of its result.  Cancelling that Future cancels the task, and the task's
+    exception is retrieved even then (``run_coroutine_threadsafe`` copies it
+    to the Future only while the Future is not cancelled).  The coroutine is
+    made on the loop: a Future cancelled before the task runs leaves no
+    coroutine that was never awaited."""
+    async def run():
+        asyncio.current_task().add_done_callback(_retrieve)
+        return await coro_fn(*args)
+    return asyncio.run_coroutine_threadsafe(run(), loop)
+
+
+if hasattr(asyncio, "timeout"):
+    async def within(aw, seconds):
+        """``await aw``, a TimeoutError after ``seconds`` (None: no limit).
+
+        Runs ``aw`` in the caller's own task: Python 3.11's
+        ``asyncio.wait_for`` runs it in a task of its own and, when the
+        caller is cancelled in the turn ``aw``'s answer arrives, returns that
+        answer (the cancel is lost) or leaves the task to fail with nobody
+        reading its exception."""
+        async with asyncio.timeout(seconds):
+            return await aw
+else:   # Python 3.10: no asyncio.timeout; wait_for's task has its exception retrieved
+    async def within(aw, seconds):
+        """``await aw``, a TimeoutError after ``seconds`` (None: no limit)."""
+        return await asyncio.wait_for(spawn(aw), seconds)

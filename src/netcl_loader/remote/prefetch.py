@@ -126,8 +126,9 @@ class Prefetcher:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
             try:
-                self.store.submit(cancel_all()).result(CLOSE_WAIT_SECONDS)
+                self.store.submit(cancel_all).result(CLOSE_WAIT_SECONDS)
             except Exception:   # noqa: BLE001 - a loop that no longer runs cannot hold us
+                # (Their tasks still read their own exceptions: see .loop.submit.)
                 for f in futures:
                     f.cancel()
         self.cache.release(keys)
@@ -183,7 +184,7 @@ class Prefetcher:
                 raise
             finally:
                 self._tasks.discard(task)
-        fut = self.store.submit(run())
+        fut = self.store.submit(run)
         self.inflight[u] = fut
         fut.add_done_callback(lambda f, u=u: self._done(u, f))
 

@@ -9,6 +9,8 @@ import random
 import time
 from dataclasses import dataclass
 
+from .loop import within
+
 __all__ = ["Retry", "RemoteError", "ObjectChangedError", "Truncated", "BadResponse", "classify",
            "TRANSIENT_STATUSES", "TRANSIENT_CODES"]
 
@@ -264,7 +266,7 @@ class Retry:
                 # piece within the read timeout, must not hold a request for good.
                 left = max(0.0, self.deadline_seconds - (time.monotonic() - start))
                 try:
-                    return await asyncio.wait_for(request(), left)
+                    return await within(request(), left)
                 except asyncio.TimeoutError:
                     if time.monotonic() - start < self.deadline_seconds:
                         raise   # the request's own timeout

@@ -1,13 +1,12 @@
 """Requests to one object store through its fsspec filesystem, each under the retry policy, counted."""
 from __future__ import annotations
 
-import asyncio
 import errno
 import os
 import re
 from dataclasses import dataclass
 
-from .loop import running_loop
+from .loop import running_loop, submit, within
 from .retry import BadResponse, Retry, Truncated
 from .urls import Secrets, missing_package_error, protocol_of, redact
 
@@ -160,9 +159,10 @@ class Store:
         import fsspec.asyn
         return fsspec.asyn.sync(self.loop, coro_fn, *args)
 
-    def submit(self, coro):
-        """Start ``coro`` on the filesystem's event loop; a concurrent Future of its result."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+    def submit(self, coro_fn, *args):
+        """Start ``coro_fn(*args)`` on the filesystem's event loop; a concurrent Future
+        of its result (:func:`~.loop.submit`: its exception retrieved, whoever waits)."""
+        return submit(self.loop, coro_fn, *args)
 
     def path(self, url):
         """The filesystem's path of ``url``."""
@@ -176,8 +176,9 @@ class Store:
         return f"{self.scheme}://{path}"
 
     def _timed(self, aw, seconds=None):
-        return asyncio.wait_for(aw, self.retry.read_timeout_seconds + self.retry.connect_timeout_seconds
-                                if seconds is None else seconds)
+        # In the caller's task (no task of its own to be left behind): see .loop.within.
+        return within(aw, self.retry.read_timeout_seconds + self.retry.connect_timeout_seconds
+                      if seconds is None else seconds)
 
     def _run(self, request, url):
         return self.retry.run(request, redact(url), self.counters, self.scrub)

@@ -18,6 +18,7 @@ import os
 import numpy as np
 
 from .cache import entry_key
+from .loop import spawn
 from .urls import redact
 
 __all__ = ["Units", "BLOCK_BYTES", "MAX_REQUESTS", "MAX_FILE_REQUESTS"]
@@ -187,7 +188,7 @@ class Units:
                     await store.fetch(url, lo, hi, sink, etag)
         if size == 0:
             return
-        tasks = [asyncio.ensure_future(block(lo, min(lo + BLOCK_BYTES, size)))
+        tasks = [spawn(block(lo, min(lo + BLOCK_BYTES, size)))
                  for lo in range(0, size, BLOCK_BYTES)]
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
