@@ -642,6 +642,8 @@ typedef struct {
     void *dst;
     ptrdiff_t dst_row;   /* elements between output rows (out_w when packed) */
     ptrdiff_t dst_plane; /* elements between output channels (out_h * out_w when packed) */
+    ptrdiff_t dst_col;   /* elements between a row's samples: 1, or transposed (below) */
+    void *col_row;       /* the one-row buffer of a transposed write */
 } netcl_resize_stream;
 
 /* `work` holds netcl_resize_work_bytes(x->ksize, y->ksize, x->out_size, in_w)
@@ -674,6 +676,8 @@ static inline void netcl_resize_stream_init(netcl_resize_stream *s, const netcl_
     s->dst = dst;
     s->dst_row = row;
     s->dst_plane = plane;
+    s->dst_col = 1;
+    s->col_row = NULL;
     if (s->simd) {
         /* Per output pixel and group of taps t..t+3: 16 high halves, then 16
          * low halves, in the lane order of the byte shuffle. */
@@ -696,19 +700,67 @@ static inline void netcl_resize_stream_init(netcl_resize_stream *s, const netcl_
     }
 }
 
+/* Bytes of the one-row buffer netcl_resize_stream_transpose needs. */
+static inline size_t netcl_resize_transpose_bytes(int out_w) {
+    return NETCL_RESIZE_CHANNELS * (size_t)out_w * sizeof(float);
+}
+
+/* Write the output transposed: element (c, i, w) of the stream's output goes
+ * to dst[c * plane + i * row + w * col] (an image turned by its EXIF
+ * orientation: each resized row becomes a column of the target). `buf`
+ * holds netcl_resize_transpose_bytes(out_w) bytes, 4-byte aligned.
+ *
+ * Each row is written packed into `buf` first, then scattered down its
+ * column: one row of extra copying (a few KB, in L1 cache), so that the
+ * vertical pass, whose vector code stores runs of contiguous samples, stays
+ * as it is for both layouts. */
+static inline void netcl_resize_stream_transpose(netcl_resize_stream *s, ptrdiff_t col,
+                                                 void *buf) {
+    s->dst_col = col;
+    s->col_row = buf;
+}
+
+static inline void netcl_resize_stream_scatter(const netcl_resize_stream *s, int i) {
+    const int n = s->x->out_size;
+    const ptrdiff_t col = s->dst_col;
+    for (int c = 0; c < NETCL_RESIZE_CHANNELS; c++) {
+        const ptrdiff_t at = (ptrdiff_t)c * s->dst_plane + (ptrdiff_t)i * s->dst_row;
+        if (s->lut == NULL) {
+            const uint8_t *src = (const uint8_t *)s->col_row + (size_t)c * (size_t)n;
+            uint8_t *dst = (uint8_t *)s->dst + at;
+            for (int w = 0; w < n; w++) {
+                dst[(ptrdiff_t)w * col] = src[w];
+            }
+        } else {
+            const float *src = (const float *)s->col_row + (size_t)c * (size_t)n;
+            float *dst = (float *)s->dst + at;
+            for (int w = 0; w < n; w++) {
+                dst[(ptrdiff_t)w * col] = src[w];
+            }
+        }
+    }
+}
+
 static inline void netcl_resize_stream_emit(netcl_resize_stream *s) {
     const netcl_resize_axis *y = s->y;
     const int out_w = s->x->out_size;
+    /* Transposed: each row goes packed to the row buffer (row stride 0: any i). */
+    const int packed = s->dst_col == 1;
+    void *dst = packed ? s->dst : s->col_row;
+    const ptrdiff_t row = packed ? s->dst_row : 0, plane = packed ? s->dst_plane : out_w;
     while (s->done < y->out_size && y->start[s->done] + y->count[s->done] <= s->fed) {
 #if NETCL_RESIZE_X86
         if (s->simd) {
-            netcl_resize_vrow_avx2(y, s->done, s->ring, s->ring_rows, out_w, s->lut, s->dst,
-                                   s->dst_row, s->dst_plane);
+            netcl_resize_vrow_avx2(y, s->done, s->ring, s->ring_rows, out_w, s->lut, dst, row,
+                                   plane);
         } else
 #endif
         {
-            netcl_resize_vrow(y, s->done, s->ring, s->ring_rows, out_w, s->acc, s->lut, s->dst,
-                              s->dst_row, s->dst_plane);
+            netcl_resize_vrow(y, s->done, s->ring, s->ring_rows, out_w, s->acc, s->lut, dst, row,
+                              plane);
+        }
+        if (!packed) {
+            netcl_resize_stream_scatter(s, s->done);
         }
         s->done++;
     }
