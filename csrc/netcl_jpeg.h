@@ -101,7 +101,9 @@ int netcl_jpeg_exif_orientation(const uint8_t *data, size_t size);
  * *width and *height are then in the displayed image (width and height
  * swapped for 5 to 8), and `flip` mirrors the displayed image. Only the
  * stored rows and columns under the box are decoded, as without it; the
- * transpose and the mirrors are the output's strides. */
+ * transpose and the mirrors are the output's strides. The resize still runs
+ * along the stored rows first, so for 5 to 8 its two passes come in the other
+ * order than Pillow's resize of the displayed image: within a level. */
 int netcl_jpeg_decode(netcl_jpeg *d, const uint8_t *data, size_t size, double top,
                       double left, double height, double width, double tol, int out_h,
                       int out_w, int flip, int crop_first, int orientation, const float *lut,
