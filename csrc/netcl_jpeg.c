@@ -278,11 +278,267 @@ static void netcl_jpeg_read_through(netcl_jpeg *d, JSAMPROW *rows) {
     jpeg_finish_decompress(cinfo);
 }
 
+/* ------------------------------------------------------------------------
+ * EXIF orientation, read by Pillow's rules (Image.getexif, which
+ * ImageOps.exif_transpose reads): each rule below is the one Pillow follows,
+ * so the compiled path and the Pillow path turn the same files the same way.
+ * The bytes are untrusted: every read is checked against the end of its
+ * segment first, and anything Pillow would fail on gives 1 (as stored). */
+
+/* Tag 0x0112 (Orientation), and the XMP segment's header and property. */
+#define NETCL_EXIF_ORIENTATION 0x0112
+static const char netcl_exif_head[6] = {'E', 'x', 'i', 'f', 0, 0};
+static const char netcl_xmp_head[] = "http://ns.adobe.com/xap/1.0/"; /* then a NUL */
+static const char netcl_xmp_tag[] = "tiff:Orientation";
+
+typedef struct {
+    const uint8_t *p; /* the TIFF stream: the Exif segment after its header */
+    size_t n;
+    int big; /* "MM": big-endian; "II": little-endian */
+} netcl_tiff;
+
+/* Unsigned reads of 2, 4 and 8 bytes at `at`; the caller checked at + size <= n. */
+static uint64_t netcl_tiff_uint(const netcl_tiff *t, size_t at, int bytes) {
+    uint64_t v = 0;
+    for (int i = 0; i < bytes; i++) {
+        v |= (uint64_t)t->p[at + (size_t)(t->big ? bytes - 1 - i : i)] << (8 * i);
+    }
+    return v;
+}
+
+/* Bytes per value of each TIFF type Pillow loads (ImageFileDirectory_v2's
+ * _load_dispatch); 0: a type it skips (the entry is then not stored). */
+static int netcl_tiff_unit(uint32_t type) {
+    switch (type) {
+    case 1: case 2: case 6: case 7: return 1;  /* BYTE, ASCII, SBYTE, UNDEFINED */
+    case 3: case 8: return 2;                  /* SHORT, SSHORT */
+    case 4: case 9: case 11: case 13: return 4; /* LONG, SLONG, FLOAT, IFD */
+    case 5: case 10: case 12: case 16: return 8; /* RATIONAL, SRATIONAL, DOUBLE, LONG8 */
+    default: return 0;
+    }
+}
+
+/* The orientation the first value (at `at`, of `type`) stands for: the
+ * integer 2..8 it equals as Python compares numbers (a rational 12/2 and a
+ * float 6.0 equal 6), else 1. BYTE, ASCII and UNDEFINED values load as bytes
+ * or text, which equal no number. */
+static int netcl_tiff_orientation_value(const netcl_tiff *t, size_t at, uint32_t type) {
+    double v;
+    switch (type) {
+    case 3: v = (double)netcl_tiff_uint(t, at, 2); break;
+    case 4: case 13: v = (double)netcl_tiff_uint(t, at, 4); break;
+    case 16: v = (double)netcl_tiff_uint(t, at, 8); break;
+    case 6: v = (double)(int8_t)t->p[at]; break;
+    case 8: v = (double)(int16_t)(uint16_t)netcl_tiff_uint(t, at, 2); break;
+    case 9: v = (double)(int32_t)(uint32_t)netcl_tiff_uint(t, at, 4); break;
+    case 5: case 10: {
+        /* IFDRational: a zero denominator is NaN, equal to nothing. */
+        const uint64_t num = netcl_tiff_uint(t, at, 4), den = netcl_tiff_uint(t, at + 4, 4);
+        int64_t a = (int64_t)num, b = (int64_t)den;
+        if (type == 10) {
+            a = (int32_t)(uint32_t)num;
+            b = (int32_t)(uint32_t)den;
+        }
+        for (int k = 2; k <= 8; k++) {
+            if (b != 0 && a == (int64_t)k * b) {
+                return k;
+            }
+        }
+        return 1;
+    }
+    case 11: {
+        const uint32_t bits = (uint32_t)netcl_tiff_uint(t, at, 4);
+        float f;
+        memcpy(&f, &bits, sizeof f);
+        v = (double)f;
+        break;
+    }
+    case 12: {
+        const uint64_t bits = netcl_tiff_uint(t, at, 8);
+        memcpy(&v, &bits, sizeof v);
+        break;
+    }
+    default:
+        return 1;
+    }
+    for (int k = 2; k <= 8; k++) {
+        if (v == (double)k) {
+            return k;
+        }
+    }
+    return 1;
+}
+
+/* The orientation in an Exif segment's payload `p` (after "Exif\0\0"):
+ * 1..8, 0 when IFD0 holds no stored Orientation entry (then XMP is read), -1
+ * when Pillow raises on the stream (a header it refuses: the orientation is
+ * then 1). ImageFileDirectory_v2.load's rules: entries are read in order
+ * until one does not fit (the stream ends: the entries before it stand); a
+ * tag already stored is passed over; an entry of an unknown type or no
+ * bytes is not stored; values over 4 bytes lie at an offset, stored only
+ * while the sum of such sizes in the directory stays within the stream, and
+ * one that runs past the stream's end ends the directory. */
+static int netcl_exif_tiff_orientation(const uint8_t *p, size_t n) {
+    /* Pillow strips one or two "Exif\0\0" headers; an empty stream holds no tag. */
+    if (n >= 6 && memcmp(p, netcl_exif_head, 6) == 0) {
+        p += 6;
+        n -= 6;
+    }
+    if (n == 0) {
+        return 0;
+    }
+    if (n < 8) {
+        return -1; /* a short header: Pillow's unpack raises */
+    }
+    netcl_tiff t = {p, n, 0};
+    /* PREFIXES: II*\0 and MM\0* (and the swapped magics it accepts); MM\0+ is
+     * read as a classic TIFF (Pillow tests the BigTIFF mark at byte 2 only),
+     * II+\0 as BigTIFF, whose 16-byte header the 8 bytes read cannot hold. */
+    if (memcmp(p, "MM\0*", 4) == 0 || memcmp(p, "MM*\0", 4) == 0 || memcmp(p, "MM\0+", 4) == 0) {
+        t.big = 1;
+    } else if (memcmp(p, "II*\0", 4) != 0 && memcmp(p, "II\0*", 4) != 0) {
+        return -1; /* "not a TIFF file", or II+\0 */
+    }
+    const uint64_t ifd = netcl_tiff_uint(&t, 4, 4);
+    if (ifd + 2 > n) {
+        return 0; /* no directory there: no tag (Pillow warns) */
+    }
+    const uint32_t count = (uint32_t)netcl_tiff_uint(&t, (size_t)ifd, 2);
+    /* Tags stored so far (a tag met again is passed over, whatever its type). */
+    uint8_t stored[65536 / 8];
+    memset(stored, 0, sizeof stored);
+    uint64_t total = 0; /* bytes of the values stored at offsets */
+    int found = 0;
+    for (uint32_t k = 0; k < count; k++) {
+        const uint64_t e = ifd + 2 + 12 * (uint64_t)k;
+        if (e + 12 > n) {
+            break; /* the directory runs past the stream: the entries so far stand */
+        }
+        const uint32_t tag = (uint32_t)netcl_tiff_uint(&t, (size_t)e, 2);
+        const uint32_t type = (uint32_t)netcl_tiff_uint(&t, (size_t)e + 2, 2);
+        const uint64_t cnt = netcl_tiff_uint(&t, (size_t)e + 4, 4);
+        if (stored[tag >> 3] & (1u << (tag & 7))) {
+            continue;
+        }
+        const int unit = netcl_tiff_unit(type);
+        if (unit == 0) {
+            continue;
+        }
+        const uint64_t bytes = cnt * (uint64_t)unit; /* < 2**35: no overflow */
+        size_t at = (size_t)e + 8;
+        if (bytes > 4) {
+            const uint64_t off = netcl_tiff_uint(&t, (size_t)e + 8, 4);
+            total += bytes;
+            if (total > n) {
+                continue; /* "Tag data larger than file": not stored */
+            }
+            if (off + bytes > n) {
+                break; /* a truncated read raises, which ends the directory */
+            }
+            at = (size_t)off;
+        }
+        if (bytes == 0) {
+            continue;
+        }
+        stored[tag >> 3] |= (uint8_t)(1u << (tag & 7));
+        if (tag == NETCL_EXIF_ORIENTATION) {
+            found = netcl_tiff_orientation_value(&t, at, type);
+        }
+    }
+    return found;
+}
+
+/* `tiff:Orientation` followed by '="' or '>' and a digit (Pillow's regular
+ * expression), first match in the XMP packet `p`: the digit's value 2..8,
+ * else 1. */
+static int netcl_xmp_orientation(const uint8_t *p, size_t n) {
+    const size_t len = sizeof netcl_xmp_tag - 1;
+    for (size_t i = 0; i + len < n; i++) {
+        if (memcmp(p + i, netcl_xmp_tag, len) != 0) {
+            continue;
+        }
+        size_t j = i + len;
+        if (p[j] == '>') {
+            j += 1;
+        } else if (p[j] == '=' && j + 1 < n && p[j + 1] == '"') {
+            j += 2;
+        } else {
+            continue;
+        }
+        if (j < n && p[j] >= '0' && p[j] <= '9') {
+            const int v = p[j] - '0';
+            return v >= 2 && v <= 8 ? v : 1;
+        }
+    }
+    return 1;
+}
+
+int netcl_jpeg_exif_orientation(const uint8_t *data, size_t size) {
+    const uint8_t *exif = NULL, *xmp = NULL;
+    size_t exif_n = 0, xmp_n = 0;
+    if (size < 2 || data[0] != 0xFF || data[1] != 0xD8) {
+        return 1;
+    }
+    /* The segments before the first scan, as Pillow walks them: bytes other
+     * than 0xFF between segments are skipped, 0xFF fill bytes too; SOI, RSTn
+     * and TEM have no length; SOS or EOI ends the walk, as does a segment
+     * running past the data (Pillow fails to open such a file). */
+    size_t i = 2;
+    while (i + 1 < size) {
+        if (data[i] != 0xFF) {
+            i++;
+            continue;
+        }
+        const uint8_t m = data[i + 1];
+        if (m == 0xFF || m == 0x00 || m == 0x01 || m == 0xD8 || (m >= 0xD0 && m <= 0xD7)) {
+            i += m == 0xFF ? 1 : 2;
+            continue;
+        }
+        if (m == 0xDA || m == 0xD9 || i + 4 > size) {
+            break;
+        }
+        const size_t len = (size_t)data[i + 2] << 8 | data[i + 3];
+        if (len < 2 || len > size - i - 2) {
+            break;
+        }
+        const uint8_t *seg = data + i + 4;
+        const size_t n = len - 2;
+        if (m == 0xE1) {
+            if (exif == NULL && n >= 6 && memcmp(seg, netcl_exif_head, 6) == 0) {
+                exif = seg + 6; /* the first Exif segment (Pillow appends later ones) */
+                exif_n = n - 6;
+            } else if (n >= sizeof netcl_xmp_head
+                       && memcmp(seg, netcl_xmp_head, sizeof netcl_xmp_head) == 0) {
+                xmp = seg + sizeof netcl_xmp_head; /* the last XMP segment, after its NUL */
+                xmp_n = n - sizeof netcl_xmp_head;
+            }
+        }
+        i += 2 + len;
+    }
+    if (exif != NULL) {
+        const int k = netcl_exif_tiff_orientation(exif, exif_n);
+        if (k != 0) {
+            return k < 0 ? 1 : k;
+        }
+    }
+    return xmp != NULL ? netcl_xmp_orientation(xmp, xmp_n) : 1;
+}
+
+/* EXIF orientation k (1..8) as three facts about the displayed image D and
+ * the stored image S (Pillow's transposes): whether D's rows are S's columns
+ * (5-8), and whether S's columns (x) and rows (y) run backwards in D. With a
+ * transpose, D[y][x] = S[x'][y'] where x' = x, or H_S - 1 - x when rows run
+ * backwards, and y' = y, or W_S - 1 - y when columns do: 6 (ROTATE_270)
+ * reads S from the bottom row up, D[y][x] = S[H_S - 1 - x][y]. */
+static const unsigned char netcl_orient_transposed[9] = {0, 0, 0, 0, 0, 1, 1, 1, 1};
+static const unsigned char netcl_orient_cols_back[9] = {0, 0, 1, 1, 0, 0, 0, 1, 1};
+static const unsigned char netcl_orient_rows_back[9] = {0, 0, 0, 1, 1, 0, 1, 1, 0};
+
 int netcl_jpeg_decode(netcl_jpeg *d, const uint8_t *data, size_t size, double top,
                       double left, double height, double width, double tol, int out_h,
-                      int out_w, int flip, int crop_first, const float *lut, void *out,
-                      ptrdiff_t out_row, ptrdiff_t out_plane, int *denom, int *image_width,
-                      int *image_height) {
+                      int out_w, int flip, int crop_first, int orientation, const float *lut,
+                      void *out, ptrdiff_t out_row, ptrdiff_t out_plane, int *denom,
+                      int *image_width, int *image_height) {
     struct jpeg_decompress_struct *cinfo = &d->cinfo;
     d->err.message[0] = '\0';
     d->err.code = NETCL_JPEG_OK;
@@ -292,13 +548,61 @@ int netcl_jpeg_decode(netcl_jpeg *d, const uint8_t *data, size_t size, double to
         jpeg_abort_decompress(cinfo);
         return d->err.code;
     }
+    if (orientation < 1 || orientation > 8) {
+        netcl_fail(d, NETCL_JPEG_EUNSUPPORTED, "orientation %d is not an EXIF orientation "
+                   "(1 to 8)", orientation);
+    }
     jpeg_mem_src(cinfo, data, (unsigned long)size);
     jpeg_read_header(cinfo, TRUE);
     const int img_w = (int)cinfo->image_width, img_h = (int)cinfo->image_height;
-    *image_width = img_w;
-    *image_height = img_h;
-    if (!netcl_resize_box_fits(&top, &left, &height, &width, img_h, img_w, tol)) {
-        netcl_fail(d, NETCL_JPEG_EBOX, "box outside the %dx%d image", img_h, img_w);
+    const int transposed = netcl_orient_transposed[orientation];
+    const int cols_back = netcl_orient_cols_back[orientation];
+    const int rows_back = netcl_orient_rows_back[orientation];
+    /* The box is in the displayed image. */
+    const int disp_w = transposed ? img_h : img_w, disp_h = transposed ? img_w : img_h;
+    *image_width = disp_w;
+    *image_height = disp_h;
+    if (!netcl_resize_box_fits(&top, &left, &height, &width, disp_h, disp_w, tol)) {
+        netcl_fail(d, NETCL_JPEG_EBOX, "box outside the %dx%d image", disp_h, disp_w);
+    }
+    /* From here on everything is in the stored image, decoded as it lies: the
+     * box under the displayed one, resized to the output's shape as stored
+     * (its sides swapped when transposed); the write puts each stored output
+     * sample where the displayed image has it, through the output's strides
+     * (rows backwards: a negative row stride; columns backwards: the resize's
+     * mirror, combined with the random flip; transposed: a stored row is
+     * written as an output column). */
+    ptrdiff_t out_col = 1;
+    if (orientation != 1) {
+        const double d_top = top, d_left = left, d_h = height, d_w = width;
+        const int d_out_h = out_h, d_out_w = out_w;
+        const size_t elem = lut == NULL ? 1 : sizeof(float);
+        if (transposed) {
+            top = rows_back ? img_h - (d_left + d_w) : d_left;
+            left = cols_back ? img_w - (d_top + d_h) : d_top;
+            height = d_w;
+            width = d_h;
+            out_h = d_out_w;
+            out_w = d_out_h;
+            /* Stored output row r is output column r (mirrored by the flip, and
+             * by rows running backwards); its samples run down that column,
+             * mirrored where the stored columns run backwards. */
+            const int back = rows_back ^ (flip != 0);
+            out = (char *)out + (back ? (ptrdiff_t)(d_out_w - 1) : 0) * (ptrdiff_t)elem;
+            out_col = out_row;
+            out_row = back ? -1 : 1;
+            flip = cols_back;
+        } else {
+            top = rows_back ? img_h - (d_top + d_h) : d_top;
+            left = cols_back ? img_w - (d_left + d_w) : d_left;
+            out = (char *)out + (rows_back ? (ptrdiff_t)(d_out_h - 1) * out_row : 0)
+                                    * (ptrdiff_t)elem;
+            out_row = rows_back ? -out_row : out_row;
+            flip = (flip != 0) ^ cols_back;
+        }
+        /* Rounding in the subtractions above may leave an edge a hair outside. */
+        top = top < 0.0 ? 0.0 : top;
+        left = left < 0.0 ? 0.0 : left;
     }
 
     int comps;
@@ -342,8 +646,10 @@ int netcl_jpeg_decode(netcl_jpeg *d, const uint8_t *data, size_t size, double to
     y1 = y1 > (float)sh ? (float)sh : y1;
     const int kx = netcl_resize_ksize(x0, x1, out_w), ky = netcl_resize_ksize(y0, y1, out_h);
     const size_t bx = netcl_resize_axis_bytes(kx, out_w), by = netcl_resize_axis_bytes(ky, out_h);
-    if (netcl_grow(&d->work, &d->work_cap,
-                   bx + by + netcl_resize_work_bytes(kx, ky, out_w, sw))) {
+    const size_t rb = netcl_resize_work_bytes(kx, ky, out_w, sw);
+    const size_t rb4 = (rb + 3) & ~(size_t)3; /* the row buffer below holds floats */
+    const size_t tb = out_col != 1 ? netcl_resize_transpose_bytes(out_w) : 0;
+    if (netcl_grow(&d->work, &d->work_cap, bx + by + rb4 + tb)) {
         netcl_fail(d, NETCL_JPEG_ENOMEM, "out of memory: resize tables for %dx%d output",
                    out_h, out_w);
     }
@@ -405,6 +711,9 @@ int netcl_jpeg_decode(netcl_jpeg *d, const uint8_t *data, size_t size, double to
     netcl_resize_stream s;
     netcl_resize_stream_init(&s, &ax, &ay, d->work + bx + by, flip, lut, out, out_row,
                              out_plane);
+    if (out_col != 1) {
+        netcl_resize_stream_transpose(&s, out_col, d->work + bx + by + rb4);
+    }
     const size_t col = ((size_t)ax.first - (size_t)xoff) * (size_t)comps;
     const int used = ax.last - ax.first;
     while (cinfo->output_scanline < end_row) {

@@ -71,6 +71,15 @@ const char *netcl_jpeg_message(const netcl_jpeg *d);
 int netcl_jpeg_info(netcl_jpeg *d, const uint8_t *data, size_t size, int *width,
                     int *height);
 
+/* The EXIF orientation of the JPEG in `data` (1 to 8), as Pillow's
+ * ImageOps.exif_transpose reads it: tag 0x0112 of IFD0 in the first APP1
+ * "Exif" segment before the scan (either byte order; SHORT, LONG, signed,
+ * rational or floating types, the first value), else `tiff:Orientation` in
+ * the last XMP APP1 segment. Absent, out of range, not a number, or in a
+ * damaged segment (where Pillow raises): 1. Reads only the markers before the
+ * first scan, every read bounds-checked; never fails, allocates nothing. */
+int netcl_jpeg_exif_orientation(const uint8_t *data, size_t size);
+
 /* Decode the region (top, left, height, width) of the full-resolution image,
  * in source pixels (fractional allowed; edges may stick out by `tol` pixels),
  * resized to out_h x out_w, mirrored along the width when `flip`, into `out`.
@@ -85,12 +94,21 @@ int netcl_jpeg_info(netcl_jpeg *d, const uint8_t *data, size_t size, int *width,
  * array, whose rest is left untouched). On success stores
  * the DCT scale denominator used (1, 2, 4, 8) in *denom. *width and *height
  * receive the image size whenever the header was read (also with
- * NETCL_JPEG_EBOX). `out` may be partly written when an error is returned. */
+ * NETCL_JPEG_EBOX). `out` may be partly written when an error is returned.
+ *
+ * `orientation` (1 to 8, EXIF's values; 1: as stored) makes the image the
+ * one displayed, as Pillow's ImageOps.exif_transpose makes it: the box,
+ * *width and *height are then in the displayed image (width and height
+ * swapped for 5 to 8), and `flip` mirrors the displayed image. Only the
+ * stored rows and columns under the box are decoded, as without it; the
+ * transpose and the mirrors are the output's strides. The resize still runs
+ * along the stored rows first, so for 5 to 8 its two passes come in the other
+ * order than Pillow's resize of the displayed image: within a level. */
 int netcl_jpeg_decode(netcl_jpeg *d, const uint8_t *data, size_t size, double top,
                       double left, double height, double width, double tol, int out_h,
-                      int out_w, int flip, int crop_first, const float *lut, void *out,
-                      ptrdiff_t out_row, ptrdiff_t out_plane, int *denom, int *image_width,
-                      int *image_height);
+                      int out_w, int flip, int crop_first, int orientation, const float *lut,
+                      void *out, ptrdiff_t out_row, ptrdiff_t out_plane, int *denom,
+                      int *image_width, int *image_height);
 
 #ifdef __cplusplus
 }

@@ -7,7 +7,9 @@
  * stays within the box, and a padding around the output (0-7 columns and 0-7
  * rows, placed at the top-left, centre or bottom-right): the output is then a
  * sub-rectangle of a larger array, written through its row and plane strides,
- * as a letterboxed image is. The decoder must return an error code or fill
+ * as a letterboxed image is; and an EXIF orientation (1-8) that turns the
+ * image as it is written. The EXIF reader runs on every input too (its
+ * mutations reach the APP1 segments). The decoder must return an error code or fill
  * the output; guard bytes around the array, and the padding, must stay
  * untouched. With -fsanitize=address,undefined any read or write outside
  * a buffer in our C aborts the run (the system libjpeg itself is not
@@ -52,8 +54,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint8_t *jpeg = data + 8;
     const size_t n = size - 8;
     int width = 0, height = 0;
+    const int read = netcl_jpeg_exif_orientation(jpeg, n);
+    if (read < 1 || read > 8) {
+        abort(); /* the reader answers 1 to 8, whatever the bytes */
+    }
     if (netcl_jpeg_info(decoder, jpeg, n, &width, &height) != NETCL_JPEG_OK) {
         return 0;
+    }
+    const int orientation = 1 + ((geo[6] >> 3) & 7);
+    if (orientation >= 5) { /* the box is drawn in the displayed image */
+        const int t = width;
+        width = height;
+        height = t;
     }
     if (width < 1 || height < 1) {
         return 0;
@@ -79,7 +91,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     uint8_t *arr = buf + GUARD;
     int denom = 0, iw = 0, ih = 0;
     netcl_jpeg_decode(decoder, jpeg, n, top, left, h, w, NETCL_RESIZE_BOX_TOLERANCE, out_h, out_w,
-                      flip, within, as_float ? lut : NULL,
+                      flip, within, orientation, as_float ? lut : NULL,
                       arr + ((size_t)y0 * row + (size_t)x0) * elem, (ptrdiff_t)row,
                       (ptrdiff_t)plane, &denom, &iw, &ih);
     for (size_t i = 0; i < GUARD; i++) {

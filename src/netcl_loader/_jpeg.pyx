@@ -8,6 +8,8 @@ C side is csrc/netcl_jpeg.c; the resize is the one of ``_image.resize_into``).
 Arguments are checked under the GIL, then one ``with nogil:`` block runs the
 whole decode. Built only when the libjpeg headers and library were found.
 """
+import numbers
+
 from libc.stdint cimport uint8_t
 
 from netcl_loader._image cimport (
@@ -40,11 +42,13 @@ cdef extern from "netcl_jpeg.h" nogil:
     const char *netcl_jpeg_message(const netcl_jpeg *d)
     int netcl_jpeg_info(netcl_jpeg *d, const uint8_t *data, size_t size, int *width,
                         int *height)
+    int netcl_jpeg_exif_orientation(const uint8_t *data, size_t size)
     int netcl_jpeg_decode(netcl_jpeg *d, const uint8_t *data, size_t size, double top,
                           double left, double height, double width, double tol, int out_h,
-                          int out_w, int flip, int crop_first, const float *lut, void *out,
-                          Py_ssize_t out_row, Py_ssize_t out_plane, int *denom,
-                          int *image_width, int *image_height)
+                          int out_w, int flip, int crop_first, int orientation,
+                          const float *lut, void *out, Py_ssize_t out_row,
+                          Py_ssize_t out_plane, int *denom, int *image_width,
+                          int *image_height)
 
 
 HAVE_SCALE_CROP = bool(netcl_jpeg_have_scale_crop())
@@ -69,6 +73,21 @@ cdef inline bint _starts_with_soi(const uint8_t[::1] data) noexcept:
 def is_jpeg(const uint8_t[::1] data):
     """Whether ``data`` (any C-contiguous bytes-like object) starts with JPEG's SOI marker."""
     return _starts_with_soi(data)
+
+
+def exif_orientation(const uint8_t[::1] data):
+    """The EXIF orientation (1 to 8) of the JPEG in ``data``, as Pillow's
+    ``ImageOps.exif_transpose`` reads it.
+
+    Tag 0x0112 of the first Exif segment's IFD0 (either byte order), else
+    ``tiff:Orientation`` of the XMP segment; 1 when there is none, when the
+    value is no orientation, or when the segment is damaged where Pillow
+    would raise. Only the segments before the first scan are read, every
+    read bounds-checked. Not a JPEG: 1.
+    """
+    if data.shape[0] == 0:
+        return 1
+    return netcl_jpeg_exif_orientation(&data[0], <size_t>data.shape[0])
 
 
 cdef str _not_jpeg(const uint8_t[::1] data):
@@ -140,7 +159,7 @@ cdef class Decoder:
         return width, height
 
     def decode_into(self, const uint8_t[::1] data, box, out, flip=False, mean=None, std=None,
-                    crop_first=False):
+                    crop_first=False, orientation=1):
         """Decode the region ``box`` of a JPEG, resized, into ``out``.
 
         Parameters
@@ -166,6 +185,13 @@ cdef class Decoder:
             ``RandomResizedCrop``); False reads the box's neighbours too
             (Pillow's ``resize(box=...)``; ``Resize`` then ``CenterCrop``).
             See ``resize_into``.
+        orientation : int, default 1
+            An EXIF orientation (1 to 8; see :func:`exif_orientation`): the
+            image is then the one displayed, as Pillow's
+            ``ImageOps.exif_transpose`` gives it (height and width swapped
+            for 5 to 8), ``box`` is in its pixels and ``flip`` mirrors it.
+            Decoded in the same pass: the stored rows and columns under the
+            box, written turned into ``out``.
 
         Returns
         -------
@@ -188,7 +214,13 @@ cdef class Decoder:
         cdef int code, denom = 0, img_w = 0, img_h = 0
         cdef size_t size = data.shape[0]
         cdef const float *lut = NULL
+        cdef int orient
         check_resize_args(box, out, flip, mean, std, crop_first, &a)
+        if isinstance(orientation, bool) or not isinstance(orientation, numbers.Integral) or \
+                not 1 <= orientation <= 8:
+            raise ValueError(f"orientation must be an EXIF orientation, an int 1 to 8, got "
+                             f"{orientation!r}")
+        orient = orientation
         if not _starts_with_soi(data):
             raise ImageError(_not_jpeg(data))
         # Entered before the lookup table is (re)built: another thread decoding
@@ -201,13 +233,15 @@ cdef class Decoder:
             with nogil:
                 code = netcl_jpeg_decode(self._d, &data[0], size, a.top, a.left, a.height,
                                          a.width, NETCL_RESIZE_BOX_TOLERANCE, a.out_h,
-                                         a.out_w, a.flip, a.crop_first, lut, a.out,
+                                         a.out_w, a.flip, a.crop_first, orient, lut, a.out,
                                          a.out_row, a.out_plane, &denom, &img_w, &img_h)
         finally:
             self._busy = False
         if code == NETCL_JPEG_EBOX:
             raise ValueError(f"box (top, left, height, width) = {tuple(box)!r} is outside the "
-                             f"{img_h}x{img_w} (height x width) image: needs 0 <= top, "
+                             f"{img_h}x{img_w} (height x width) image"
+                             f"{'' if orient == 1 else f' as displayed (EXIF orientation {orient})'}"
+                             f": needs 0 <= top, "
                              f"0 <= left, top + height <= {img_h}, left + width <= {img_w}")
         if code != NETCL_JPEG_OK:
             self._raise(code)

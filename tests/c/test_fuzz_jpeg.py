@@ -149,13 +149,17 @@ def padded(rng, out_h, out_w, dtype, fill):
     return a, view, pad
 
 
-def run_one(dec, data, rng):
-    """info + two decodes of ``data``; returns 'ok', 'error' (ImageError) or raises."""
+def run_one(dec, data, rng, orientation=1):
+    """info + two decodes of ``data`` (turned by the EXIF ``orientation``, the boxes in
+    the displayed image); returns 'ok', 'error' (ImageError) or raises."""
+    assert 1 <= _jpeg.exif_orientation(data) <= 8
     try:
         width, height = dec.info(data)
     except _jpeg.ImageError as exc:
         assert str(exc)
         return "error"
+    if orientation >= 5:
+        width, height = height, width
     outcome = "ok"
     boxes = [(0.0, 0.0, float(height), float(width))]
     if height > 0 and width > 0:
@@ -168,7 +172,7 @@ def run_one(dec, data, rng):
         guard = np.full((5, out_h, out_w), 7, dtype=dtype)
         try:
             flip = bool(rng.integers(2))
-            dec.decode_into(data, box, guard[1:4], flip=flip)
+            dec.decode_into(data, box, guard[1:4], flip=flip, orientation=orientation)
         except _jpeg.ImageError as exc:
             assert str(exc)
             outcome = "error"
@@ -181,7 +185,7 @@ def run_one(dec, data, rng):
             # The same decode into a sub-rectangle of a padded array: the same
             # pixels, the padding untouched.
             a, view, pad = padded(rng, out_h, out_w, dtype, 7)
-            dec.decode_into(data, box, view, flip=flip)
+            dec.decode_into(data, box, view, flip=flip, orientation=orientation)
             assert (a[pad] == 7).all()
             np.testing.assert_array_equal(view, guard[1:4])
     return outcome
@@ -194,8 +198,8 @@ def test_mutated_jpegs_decode_or_raise_image_error():
     counts = {"ok": 0, "error": 0}
     for seed in seed_files():
         assert run_one(dec, seed, rng) == "ok"
-        for _ in range(MUTANTS_PER_SEED):
-            counts[run_one(dec, mutate(seed, rng), rng)] += 1
+        for k in range(MUTANTS_PER_SEED):
+            counts[run_one(dec, mutate(seed, rng), rng, orientation=1 + k % 8)] += 1
         # After all that, the same decoder still decodes the seed exactly.
         width, height = dec.info(seed)
         a = np.empty((3, 13, 17), np.uint8)
@@ -267,6 +271,9 @@ def test_decode_geometry_fuzz():
     for trial in range(300):
         data = files[trial % len(files)]
         W, H = dec.info(data)
+        orientation = 1 + trial % 8   # the box in the image as displayed
+        if orientation >= 5:
+            W, H = H, W
         kind = trial % 4
         if kind == 0:
             box = (float(rng.integers(H)), 0.0, 1.0, float(W))
@@ -278,12 +285,14 @@ def test_decode_geometry_fuzz():
         out_h = int(rng.integers(1, 2 * H + 2))
         out_w = int(rng.integers(1, 2 * W + 2))
         guard = np.full((5, out_h, out_w), 3, dtype=np.uint8)
-        denom = dec.decode_into(data, box, guard[1:4], flip=bool(trial % 2))
+        denom = dec.decode_into(data, box, guard[1:4], flip=bool(trial % 2),
+                                orientation=orientation)
         assert denom in (1, 2, 4, 8)
         assert (guard[0] == 3).all() and (guard[4] == 3).all()
         dtype = np.float32 if trial % 3 == 0 else np.uint8
         a, view, pad = padded(rng, out_h, out_w, dtype, 3)
-        assert dec.decode_into(data, box, view, flip=bool(trial % 2)) == denom
+        assert dec.decode_into(data, box, view, flip=bool(trial % 2),
+                               orientation=orientation) == denom
         assert (a[pad] == 3).all()
         if dtype == np.uint8:
             np.testing.assert_array_equal(view, guard[1:4])
@@ -518,3 +527,156 @@ def test_arithmetic_coded_jpegs_decode_as_pillow_decodes_them():
                 assert error is not None, why
             elif error is not None:
                 assert STRICTER_THAN_PILLOW.match(error), error
+
+
+# --------------------------------------------------------------------------
+# Damaged EXIF segments: the orientation reader against Pillow's
+
+#: Mutants of each EXIF seed (6 seeds): bytes of the APP1 segments only, so the
+#: image itself stays whole and decodes.
+EXIF_MUTANTS_PER_SEED = 500
+#: Pillow's orientation values that exif_transpose turns by (others: as stored).
+TURNED = {k: k for k in range(2, 9)}
+
+
+def with_app1(jpeg, payload):
+    """``jpeg`` with an APP1 segment of ``payload`` right after its SOI marker."""
+    return jpeg[:2] + b"\xff\xe1" + struct.pack(">H", len(payload) + 2) + payload + jpeg[2:]
+
+
+def exif_payload(entries, big, extra=b""):
+    """"Exif\\0\\0", a TIFF header (either byte order), IFD0 at 8 with ``entries`` (tag,
+    type, count, 4-byte field), a next-IFD offset, then ``extra`` (out-of-line values)."""
+    e = ">" if big else "<"
+    body = (b"MM\x00*" if big else b"II*\x00") + struct.pack(e + "I", 8)
+    body += struct.pack(e + "H", len(entries))
+    for tag, typ, count, field in entries:
+        body += struct.pack(e + "HHI", tag, typ, count) + field
+    return b"Exif\x00\x00" + body + struct.pack(e + "I", 0) + extra
+
+
+def exif_seeds():
+    """JPEGs whose EXIF covers the reader's paths: Pillow's own writing, both byte orders,
+    out-of-line values before the orientation, rational and float orientations, a count
+    of 3, an XMP packet as the fallback."""
+    rng = np.random.default_rng(44)
+    base = encode_jpeg(photo_region(rng, (24, 16)), quality=90)
+    pillow = Image.Exif()
+    pillow[0x010F] = "Camera maker"
+    pillow[0x0112] = 6
+    pillow[0x011A] = 72.0
+    buf = io.BytesIO()
+    Image.open(io.BytesIO(base)).save(buf, "JPEG", quality=90, exif=pillow)
+    seeds = [buf.getvalue()]
+    for big in (False, True):
+        e = ">" if big else "<"
+        # IFD0 (2 + 4 * 12 + 4 bytes) ends at 62: the out-of-line values follow.
+        seeds.append(with_app1(base, exif_payload(
+            [(0x010F, 2, 12, struct.pack(e + "I", 62)), (0x0112, 3, 1, struct.pack(e + "HH", 8, 0)),
+             (0x011A, 5, 1, struct.pack(e + "I", 74)), (0x0131, 2, 4, b"abc\x00")],
+            big, b"Maker name\x00\x00" + struct.pack(e + "II", 72, 1))))
+        seeds.append(with_app1(base, exif_payload(
+            [(0x0112, 5, 1, struct.pack(e + "I", 38)), (0x0112, 3, 3, struct.pack(e + "I", 46))],
+            big, struct.pack(e + "II", 15, 3) + struct.pack(e + "HHH", 7, 1, 1))))
+    xmp = (b"http://ns.adobe.com/xap/1.0/\x00<x:xmpmeta xmlns:tiff='t'><rdf:Description "
+           b"tiff:Orientation=\"5\"/></x:xmpmeta>")
+    seeds.append(with_app1(with_app1(base, xmp), exif_payload(
+        [(0x010F, 2, 4, b"abc\x00")], False)))
+    return seeds
+
+
+def app1_spans(data):
+    """(start, end) of every APP1 segment's payload before the first scan."""
+    spans, i = [], 2
+    while i + 4 <= len(data) and data[i] == 0xFF and data[i + 1] not in (0xDA, 0xD9):
+        n = (data[i + 2] << 8) | data[i + 3]
+        if data[i + 1] == 0xE1:
+            spans.append((i + 4, i + 2 + n))
+        i += 2 + n
+    return spans
+
+
+def mutate_exif(data, rng):
+    """One to three edits inside the APP1 segments: bit flips, bytes set to 0, 0xFF or
+    anything, a field of an IFD entry (type, count, offset) rewritten, the payload cut
+    short or grown (its length field kept right), the IFD pointer or byte order changed."""
+    b = bytearray(data)
+    for _ in range(int(rng.integers(1, 4))):
+        spans = app1_spans(bytes(b))
+        start, end = spans[int(rng.integers(len(spans)))]
+        n = end - start
+        kind = int(rng.integers(7))
+        if n < 16:
+            kind = 5
+        if kind == 0:
+            for p in rng.integers(start, end, size=int(rng.integers(1, 9))):
+                b[int(p)] ^= 1 << int(rng.integers(8))
+        elif kind == 1:
+            p = int(rng.integers(start, end))
+            b[p] = int(rng.choice([0, 0xFF, int(rng.integers(256))]))
+        elif kind == 2:   # an IFD0 entry's type, count or value field
+            k = int(rng.integers(0, 5))
+            field = start + 6 + 10 + 12 * k + int(rng.choice([2, 4, 8]))
+            if field + 4 <= end:
+                value = int(rng.choice([0, 1, 2, 3, 5, 12, 0xFFFF, 0xFFFFFFFF,
+                                        int(rng.integers(0, 2 * n))]))
+                width = 2 if (field - start - 16) % 12 == 2 else 4
+                b[field:field + width] = value.to_bytes(8, "little")[:width]
+        elif kind == 3:   # IFD0's offset
+            b[start + 10:start + 14] = int(rng.integers(0, 2 * n)).to_bytes(4, "little")
+        elif kind == 4:   # the byte order mark and magic
+            b[start + 6:start + 10] = [b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+", b"MM*\x00",
+                                       b"II\x00*", b"XX*\x00"][int(rng.integers(7))]
+        else:             # cut short or grown; the segment's length follows
+            if rng.integers(2) and n > 1:
+                cut = int(rng.integers(0, n))
+                del b[start + cut:end]
+                n = cut
+            else:
+                extra = rng.integers(0, 256, size=int(rng.integers(1, 40)), dtype=np.uint8)
+                b[end:end] = extra.tobytes()
+                n += len(extra)
+            b[start - 2:start] = struct.pack(">H", n + 2)
+    return bytes(b)
+
+
+def pillow_orientation(data):
+    """The orientation ImageOps.exif_transpose turns ``data`` by; 1 where Pillow raises
+    on the EXIF (the loader reads such a block as orientation 1)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            with Image.open(io.BytesIO(data)) as img:
+                return TURNED.get(img.getexif().get(0x0112, 1), 1)
+        except Exception:  # noqa: BLE001 - Pillow's EXIF parser fails in many ways
+            return 1
+
+
+@needs_jpeg
+def test_damaged_exif_reads_as_pillow_reads_it():
+    """Thousands of damaged EXIF segments (the image intact): the reader never fails,
+    gives 1-8, and gives Pillow's orientation for every one; each file then decodes
+    turned by it, nothing written outside its output."""
+    rng = np.random.default_rng(45)
+    dec = _jpeg.Decoder()
+    seen = collections.Counter()
+    wrong = []
+    for seed in exif_seeds():
+        assert _jpeg.exif_orientation(seed) == pillow_orientation(seed) != 1
+        for _ in range(EXIF_MUTANTS_PER_SEED):
+            data = mutate_exif(seed, rng)
+            got = _jpeg.exif_orientation(data)
+            want = pillow_orientation(data)
+            seen[got] += 1
+            if got != want:
+                wrong.append((got, want, data[:200]))
+                continue
+            width, height = dec.info(data)
+            if got >= 5:
+                width, height = height, width
+            guard = np.full((5, 9, 11), 3, np.uint8)
+            dec.decode_into(data, (0, 0, height, width), guard[1:4], orientation=got)
+            assert (guard[0] == 3).all() and (guard[4] == 3).all()
+    assert not wrong, (len(wrong), wrong[:3])
+    # Damage both keeps orientations and loses them (the fuzz is not stuck on one path).
+    assert seen[1] > 300 and sum(seen[k] for k in range(2, 9)) > 600, seen

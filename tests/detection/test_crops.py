@@ -16,10 +16,10 @@ import os
 import numpy as np
 import pytest
 
-from images_util import encode_jpeg, photo_region
+from images_util import encode_jpeg, encode_oriented_jpeg, photo_region, stored_for_display
 
 PIL = pytest.importorskip("PIL")
-from PIL import Image  # noqa: E402
+from PIL import Image, ImageOps  # noqa: E402
 
 from netcl_loader import DataLoader  # noqa: E402
 from netcl_loader.images import (DetectionFiles, ImageFileError, Letterbox,  # noqa: E402
@@ -810,3 +810,112 @@ def test_a_bad_box_of_a_signed_url_does_not_show_the_signature():
     with pytest.raises(ValueError, match=r"box 0") as info:
         DetectionFiles([url], [[[1.0, 2, np.nan, 4]]], [[0]])
     assert "deadbeef" not in str(info.value) and "AKIA" not in str(info.value)
+
+
+# --------------------------------------------------------------------------
+# EXIF orientation: boxes in the displayed image
+
+
+def displayed_rgb(path):
+    """The oracle's image: Pillow's, turned by ImageOps.exif_transpose."""
+    with Image.open(path) as img:
+        return ImageOps.exif_transpose(img).convert("RGB")
+
+
+@pytest.fixture(scope="module")
+def painted_oriented(tmp_path_factory):
+    """Per EXIF orientation 1-8 a photo painted (as displayed) with 2-4 boxes, stored turned
+    the other way with the tag, as a camera held sideways writes it; the boxes are in the
+    displayed image's pixels: (paths, boxes, labels)."""
+    root = tmp_path_factory.mktemp("painted_oriented")
+    rng = np.random.default_rng(77)
+    paths, boxes, labels = [], [], []
+    for k in range(1, 9):
+        width, height = SIZES[k % len(SIZES)]
+        img = np.array(photo_region(rng, (width, height)))
+        free = [c for c in rng.permutation(len(PALETTE)) if not has_colour(
+            img.transpose(2, 0, 1), PALETTE[c], COLOUR_LEVELS + 20).any()]
+        b = paint(rng, width, height, int(rng.integers(2, 5)))[:len(free)]
+        lab = np.array(free[:len(b)], np.int64)
+        for (x1, y1, x2, y2), c in zip(b.astype(int), lab):
+            img[y1:y2, x1:x2] = PALETTE[c]
+        path = os.path.join(root, f"o{k}.jpg")
+        with open(path, "wb") as f:
+            f.write(encode_oriented_jpeg(stored_for_display(img, k), k, subsampling=0))
+        # The file displays as painted: the boxes' coordinates are the displayed ones.
+        assert displayed_rgb(path).size == (width, height)
+        paths.append(path)
+        boxes.append(b)
+        labels.append(lab)
+    return paths, boxes, labels
+
+
+@pytest.mark.parametrize("decoder", ["auto", "pillow"])
+@pytest.mark.parametrize("crop", ["square", "resized", "letterbox"])
+def test_exif_orientation_boxes_frame_the_displayed_colour(painted_oriented, monkeypatch,
+                                                           crop, decoder):
+    """With exif_orientation=True, boxes given in the displayed image frame their colour
+    after every crop, resize and flip, and the pixels are Pillow's displayed image through
+    the same window (compiled decoder and Pillow path alike)."""
+    monkeypatch.setenv("NETCL_LOADER_IMAGE_DECODER", decoder)
+    paths, boxes, labels = painted_oriented
+    size = (112, 128) if crop == "resized" else (120, 120)
+    ds = DetectionFiles(paths, boxes, labels, size=size, crop=CROPS[crop](size), flip=0.5,
+                        output="uint8", exif_orientation=True)
+    kept = flips = 0
+    for i in range(len(paths)):
+        shown = displayed_rgb(paths[i])
+        width, height = shown.size
+        for seed in range(3):
+            np.random.seed(7 * i + seed)
+            u = np.random.random((1, ds.crop.draws + 1))[0]
+            np.random.seed(7 * i + seed)
+            image, t = ds[i]
+            given = clamp(boxes[i], height, width)
+            window, place, keep = ds.crop.detect(height, width, given, u[:-1], *size)
+            flip = bool(u[-1] < ds.flip)
+            want, rows = reference_boxes(given, window, place, size[1], flip, keep)
+            np.testing.assert_allclose(t["boxes"], want, atol=1e-3)
+            np.testing.assert_array_equal(t["labels"], labels[i][rows])
+            top, left, h, w = window
+            y0, x0, ph, pw = place
+            ref = np.empty(size + (3,), np.uint8)
+            ref[:] = np.round(np.asarray(IMAGENET_MEAN) * 255).astype(np.uint8)
+            ref[y0:y0 + ph, x0:x0 + pw] = np.asarray(
+                shown.crop((left, top, left + w, top + h)).resize((pw, ph), Image.BILINEAR))
+            if flip:
+                ref = ref[:, ::-1]
+            d = np.abs(image.astype(np.float64) - ref.transpose(2, 0, 1))
+            assert d.mean() <= MEAN_ABS_LEVELS and d.max() <= MAX_LEVELS, (i + 1, d.mean())
+            m = margin_for(window, place)
+            for b, lab in zip(t["boxes"], t["labels"]):
+                assert_frames(image, b, PALETTE[lab], m, (crop, decoder, i + 1, seed))
+            kept += len(rows)
+            flips += flip
+    assert kept > 20 and flips > 3, (kept, flips)
+
+
+def test_exif_orientation_off_reads_the_stored_image_and_every_num_workers_agree(
+        painted_oriented):
+    """The default ignores the tag: the image as stored (Pillow's Image.open, as
+    torchvision reads it), boxes taken in its pixels; with the tag applied, 0 and 2
+    workers give the same batches."""
+    paths, boxes, labels = painted_oriented
+    off = DetectionFiles(paths, boxes, labels, size=96, crop=SquareCrop(), flip=0.5,
+                         output="uint8")
+    assert not off.exif_orientation
+    for i in range(len(paths)):
+        image, t, window, place, keep, flip, given = replay(off, i, 50 + i)
+        ref = reference_pixels(paths[i], window, place, (96, 96), flip, IMAGENET_MEAN)
+        d = np.abs(image.astype(np.float64) - ref)
+        assert d.mean() <= MEAN_ABS_LEVELS and d.max() <= MAX_LEVELS, (i + 1, d.mean())
+        want, _ = reference_boxes(given, window, place, 96, flip, keep)
+        np.testing.assert_allclose(t["boxes"], want, atol=1e-3)
+    on = DetectionFiles(paths, boxes, labels, size=96, crop=SquareCrop(), exif_orientation=True)
+    runs = {}
+    for nw in (0, 2):
+        with DataLoader(on, batch_size=3, shuffle=True, num_workers=nw, seed=8) as dl:
+            runs[nw] = [copy_batch(b) for b in dl]
+    assert_same_batches(runs[0], runs[2])
+    with pytest.raises(ValueError, match="DetectionFiles: exif_orientation must be True"):
+        DetectionFiles(paths, boxes, labels, exif_orientation="on")

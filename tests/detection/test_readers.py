@@ -417,3 +417,54 @@ def test_an_annotation_file_that_is_not_utf8_names_the_file_and_byte(tmp_path):
     ann.write_bytes(b'{"images": ["\xc3\x28"]}')
     with pytest.raises(ValueError, match=r"ann\.json.*byte \d+.*not UTF-8 JSON"):
         parse_coco(str(ann))
+
+
+# ----------------------------------------------------------------------------- EXIF
+
+
+def _turn_files(folder, orientation):
+    """Rewrite every JPEG under ``folder`` stored turned, with the EXIF ``orientation`` that
+    displays it as it was (the annotations then hold for the displayed image)."""
+    from PIL import Image
+
+    from images_util import encode_oriented_jpeg, stored_for_display
+    for dirpath, _, names in os.walk(folder):
+        for name in names:
+            if name.endswith(".jpg"):
+                path = os.path.join(dirpath, name)
+                with Image.open(path) as img:
+                    shown = np.asarray(img.convert("RGB"))
+                with open(path, "wb") as f:
+                    f.write(encode_oriented_jpeg(stored_for_display(shown, orientation),
+                                                 orientation))
+
+
+@pytest.mark.parametrize("reader", ["coco", "wider"])
+def test_readers_take_exif_orientation_and_name_a_bad_value(tmp_path, reader):
+    """CocoDetection and WiderFace pass exif_orientation on: with the files stored turned
+    and tagged, their annotations (in the displayed image) give what the untouched tree
+    gives; a bad value is named before the annotation file is read."""
+    pytest.importorskip("PIL")
+    from netcl_loader.images import CocoDetection, Letterbox, WiderFace
+
+    def build(root, **kw):
+        if reader == "coco":
+            return CocoDetection(os.path.join(root, "images"),
+                                 os.path.join(root, "annotations", "instances.json"),
+                                 size=64, crop=Letterbox(), flip=0, output="uint8", **kw)
+        return WiderFace(root, size=64, crop=Letterbox(), flip=0, output="uint8", **kw)
+
+    make = make_coco if reader == "coco" else make_wider
+    plain, turned = str(tmp_path / "plain"), str(tmp_path / "turned")
+    make(plain, seed=3)
+    make(turned, seed=3)
+    _turn_files(turned, 6)
+    a, b = build(plain), build(turned, exif_orientation=True)
+    assert b.exif_orientation and not a.exif_orientation
+    for i in range(len(a)):
+        (xa, ta), (xb, tb) = a[i], b[i]
+        assert np.abs(xa.astype(float) - xb).mean() <= 2.0, i
+        np.testing.assert_allclose(ta["boxes"], tb["boxes"], atol=1e-3)
+    name = "CocoDetection" if reader == "coco" else "WiderFace"
+    with pytest.raises(ValueError, match=f"{name}: exif_orientation must be True"):
+        build(plain, exif_orientation="yes")

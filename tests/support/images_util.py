@@ -137,3 +137,33 @@ def make_jpegs(folder, n, size=(410, 310), seed=0, *, quality=(88, 95), mode="RG
             f.write(data)
         paths.append(path)
     return paths
+
+
+#: The transpose that undoes each EXIF orientation's (Pillow's
+#: ImageOps.exif_transpose turns 6 by ROTATE_270 and 8 by ROTATE_90; the
+#: others are their own inverses).
+_UNDO_ORIENTATION = {2: "FLIP_LEFT_RIGHT", 3: "ROTATE_180", 4: "FLIP_TOP_BOTTOM",
+                     5: "TRANSPOSE", 6: "ROTATE_90", 7: "TRANSVERSE", 8: "ROTATE_270"}
+
+
+def stored_for_display(image, orientation):
+    """The stored image (uint8 HWC) that EXIF ``orientation`` (1-8) displays as
+    ``image`` (uint8 HWC): what a camera held sideways writes."""
+    from PIL import Image
+
+    if orientation == 1:
+        return np.array(image)
+    method = getattr(Image.Transpose, _UNDO_ORIENTATION[orientation])
+    return np.asarray(Image.fromarray(np.asarray(image)).transpose(method))
+
+
+def encode_oriented_jpeg(image, orientation, quality=95, **kw) -> bytes:
+    """JPEG bytes of ``image`` (uint8 HWC) with the EXIF orientation tag set to
+    ``orientation`` as Pillow writes it (``Image.Exif``; None: no EXIF at all)."""
+    from PIL import Image
+
+    if orientation is None:
+        return encode_jpeg(image, quality=quality, **kw)
+    exif = Image.Exif()
+    exif[0x0112] = int(orientation)
+    return encode_jpeg(image, quality=quality, exif=exif, **kw)

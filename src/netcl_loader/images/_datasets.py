@@ -84,6 +84,14 @@ def _checked_options(crop, flip, mean, std, output, on_error, what,
     return crop, float(flip), mean, std, output, on_error
 
 
+def _checked_exif(exif_orientation, what):
+    if not isinstance(exif_orientation, (bool, np.bool_)):
+        raise ValueError(f"{what}: exif_orientation must be True (each image turned as its "
+                         f"EXIF orientation says it is displayed) or False (as stored), "
+                         f"got {exif_orientation!r}")
+    return bool(exif_orientation)
+
+
 def _warn_if_0_255_scale(mean, std, output, what):
     """One UserWarning for a ``mean`` or ``std`` above 1 with float output: pixels are
     divided by 255 before ``(v / 255 - mean) / std``, so a mean on the 0-255
@@ -161,10 +169,11 @@ class _ImageDataset:
     _CROPS = (RandomResizedCrop, CenterCrop)
 
     def _setup(self, crop, flip, mean, std, output, on_error, what,
-               max_file_bytes=MAX_FILE_BYTES):
+               max_file_bytes=MAX_FILE_BYTES, exif_orientation=False):
         (self.crop, self.flip, self.mean, self.std, self.output,
          self.on_error) = _checked_options(crop, flip, mean, std, output, on_error, what,
                                            self._CROPS)
+        self.exif_orientation = _checked_exif(exif_orientation, what)
         if (isinstance(max_file_bytes, bool) or not isinstance(max_file_bytes, numbers.Integral)
                 or max_file_bytes <= 0):
             raise ValueError(f"{what}: max_file_bytes must be a positive int (the largest file "
@@ -356,14 +365,21 @@ class _ImageDataset:
                         f"{self._name(i)}: too large: {width}x{height} = {width * height} "
                         f"pixels, more than {MAX_PIXELS} (the limit where Pillow, and so "
                         f"torchvision, refuses a file as a decompression bomb)")
+                # The crop is drawn on the image as displayed (its draws then
+                # depend on the batch's seed and that size alone); the decoder
+                # reads the stored pixels under it and writes them turned.
+                orientation = jpeg.exif_orientation(data) if self.exif_orientation else 1
+                if orientation >= 5:   # 5 to 8 swap height and width
+                    width, height = height, width
                 box, view = self._window(i, height, width, u, flip, out)
                 try:
-                    dec.decode_into(data, box, view, flip, mean, std, self.crop.crop_first)
+                    dec.decode_into(data, box, view, flip, mean, std, self.crop.crop_first,
+                                    orientation)
                 except jpeg.ImageError as exc:
                     raise ImageFileError(f"{self._name(i)}: {exc}") from None
                 return
         try:
-            src = _pillow_rgb(data)
+            src = _pillow_rgb(data, self.exif_orientation)
         except ImageFileError as exc:
             raise ImageFileError(f"{self._name(i)}: {exc}") from None
         height, width = src.shape[:2]
@@ -379,6 +395,7 @@ class _ImageDataset:
     def _describe(self):
         return (f"{len(self)} images, crop={self.crop!r}, flip={self.flip}, "
                 f"output={self.output!r}, on_error={self.on_error!r}, "
+                f"{'exif_orientation=True, ' if self.exif_orientation else ''}"
                 f"decoder={'compiled' if self._compiled else 'Pillow'}")
 
 
@@ -528,6 +545,15 @@ class ImageFiles(_ImageDataset):
         Requests a loader keeps in flight for the files (default
         ``MAX_FILE_REQUESTS``, 64): a small file's fetch is mostly its round
         trip, so many at once keep the decoders fed.
+    exif_orientation : bool, default False
+        False: every image as stored, its EXIF orientation ignored, as
+        Pillow's ``Image.open`` and torchvision's readers ignore it.  True:
+        each image turned as its orientation says it is displayed (mirrors,
+        rotations by 90, 180 or 270 degrees, transposes: all 8 values, as
+        Pillow's ``ImageOps.exif_transpose``), before the crop is drawn on
+        it; the compiled decoder does it in its one pass (only the crop's
+        stored pixels decoded, written turned).  A missing, unknown or
+        damaged orientation is 1 (as stored).
 
     Notes
     -----
@@ -541,9 +567,10 @@ class ImageFiles(_ImageDataset):
     def __init__(self, paths, labels, crop=_DEFAULT_CROP, flip=0.5, mean=(0.485, 0.456, 0.406),
                  std=(0.229, 0.224, 0.225), output="float32", extensions=None,
                  on_error="raise", max_file_bytes=MAX_FILE_BYTES, *, cache_dir=None,
-                 cache_bytes=None, storage_options=None, retry=None, max_requests=None):
+                 cache_bytes=None, storage_options=None, retry=None, max_requests=None,
+                 exif_orientation=False):
         self._setup(crop, flip, mean, std, output,
-                    on_error, "ImageFiles", max_file_bytes)
+                    on_error, "ImageFiles", max_file_bytes, exif_orientation)
         if isinstance(paths, (str, bytes, os.PathLike)):
             raise ValueError(f"ImageFiles: paths must be a sequence of file names, got the "
                              f"single name {paths!r}")
@@ -638,7 +665,7 @@ class ImageFolder(ImageFiles):
     ----------
     root : str or os.PathLike
         A folder, or an object-storage prefix (a URL).
-    crop, flip, mean, std, output, on_error, max_file_bytes
+    crop, flip, mean, std, output, on_error, max_file_bytes, exif_orientation
         As for :class:`ImageFiles`.
     cache_dir, cache_bytes, storage_options, retry, max_requests
         As for :class:`ImageFiles`, for a ``root`` in object storage.
@@ -665,9 +692,10 @@ class ImageFolder(ImageFiles):
     def __init__(self, root, crop=_DEFAULT_CROP, flip=0.5, mean=(0.485, 0.456, 0.406),
                  std=(0.229, 0.224, 0.225), output="float32", extensions=None,
                  on_error="raise", max_file_bytes=MAX_FILE_BYTES, *, cache_dir=None,
-                 cache_bytes=None, storage_options=None, retry=None, max_requests=None):
+                 cache_bytes=None, storage_options=None, retry=None, max_requests=None,
+                 exif_orientation=False):
         self._setup(crop, flip, mean, std, output,
-                    on_error, "ImageFolder", max_file_bytes)
+                    on_error, "ImageFolder", max_file_bytes, exif_orientation)
         try:
             root = os.fspath(root)
         except TypeError:
@@ -780,7 +808,7 @@ class TarImages(_ImageDataset):
     shards : str, os.PathLike or sequence of them
         Paths or URLs (brace ranges expanded).  Samples are numbered shard by
         shard, in tar order.
-    crop, flip, mean, std, output, on_error, max_file_bytes
+    crop, flip, mean, std, output, on_error, max_file_bytes, exif_orientation
         As for :class:`ImageFiles`.
     extensions : None
         Only None (anything else raises ValueError): the image members taken
@@ -828,9 +856,9 @@ class TarImages(_ImageDataset):
                  std=(0.229, 0.224, 0.225), output="float32", extensions=None,
                  on_error="raise", max_file_bytes=MAX_FILE_BYTES, *, shuffle_window=None,
                  cache_dir=None, cache_bytes=None, storage_options=None, retry=None,
-                 prefetch_shards=None, max_requests=None):
+                 prefetch_shards=None, max_requests=None, exif_orientation=False):
         self._setup(crop, flip, mean, std, output,
-                    on_error, "TarImages", max_file_bytes)
+                    on_error, "TarImages", max_file_bytes, exif_orientation)
         self.shards = names_of(shards, "TarImages", "shards")
         if not self.shards:
             raise ValueError("TarImages: shards is empty; give at least one tar file")

@@ -90,9 +90,24 @@ def _use_compiled():
     return True
 
 
-def _pillow_rgb(data):
+def _exif_transposed(img):
+    """``img`` as displayed: Pillow's ``ImageOps.exif_transpose``.  An EXIF block it
+    raises on (a header that is not TIFF's, a short one) leaves the image as
+    stored, orientation 1, as the compiled decoder's reader reads it: a damaged
+    tag never costs the sample."""
+    from PIL import ImageOps
+    try:
+        return ImageOps.exif_transpose(img)
+    except MemoryError:
+        raise
+    except Exception:  # noqa: BLE001 - Pillow's EXIF parser fails in many ways on bad bytes
+        return img
+
+
+def _pillow_rgb(data, exif_orientation=False):
     """Decode ``data`` with Pillow into an (H, W, 3) uint8 RGB array (ImageFileError
-    with the reason, which the caller prefixes with the file's name)."""
+    with the reason, which the caller prefixes with the file's name); turned as
+    displayed by its EXIF orientation when ``exif_orientation``."""
     try:
         from PIL import Image, UnidentifiedImageError
     except ImportError as exc:
@@ -101,6 +116,8 @@ def _pillow_rgb(data):
     try:
         with Image.open(io.BytesIO(data)) as img:
             img.load()
+            if exif_orientation:
+                img = _exif_transposed(img)
             rgb = img if img.mode == "RGB" else img.convert("RGB")
             return np.asarray(rgb)
     except UnidentifiedImageError:

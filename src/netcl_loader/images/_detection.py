@@ -11,7 +11,7 @@ import numpy as np
 from ._boxes import BOX_FORMATS, clamp, crop_resize_flip, sanitize_mask, to_xyxy
 from ._buffers import _here
 from ._crops import Letterbox, RandomIoUCrop, RandomResizedCrop, SquareCrop, _size_pair
-from ._datasets import ImageFiles, _checked_options, _fs_names
+from ._datasets import ImageFiles, _checked_exif, _checked_options, _fs_names
 from ._sources import MAX_FILE_BYTES
 from ..remote.urls import redact
 
@@ -77,8 +77,9 @@ class DetectionFiles(ImageFiles):
     boxes : sequence of array-like
         One (n_i, 4) array of boxes per image (n_i may be 0), absolute pixel
         coordinates on the pixel-edge convention (the whole W x H image is
-        ``[0, 0, W, H]``), in ``box_format``.  Boxes outside the image are
-        clamped to it when it is decoded (its size is known then).
+        ``[0, 0, W, H]``), in ``box_format``, in the image as stored (the
+        default) or as displayed (``exif_orientation=True``).  Boxes outside
+        the image are clamped to it when it is decoded (its size is known then).
     labels : sequence of array-like
         One (n_i,) integer array per image.
     size : int or (int, int), default 640
@@ -103,6 +104,13 @@ class DetectionFiles(ImageFiles):
         Each image's id in the batches (``image_id``); default its index.
     max_file_bytes, retry, max_requests
         As :class:`ImageFiles`.
+    exif_orientation : bool, default False
+        False: images as stored, their EXIF orientation ignored (as Pillow's
+        ``Image.open`` and torchvision's readers ignore it), and ``boxes`` in
+        the stored image's pixels.  True: each image turned as displayed
+        (Pillow's ``ImageOps.exif_transpose``, all 8 orientations) inside the
+        one decode pass, and ``boxes`` in the displayed image's pixels (as
+        annotation tools that show photos upright record them).
 
     Attributes
     ----------
@@ -146,10 +154,10 @@ class DetectionFiles(ImageFiles):
                  box_format="xyxy", mean=None, std=None, output="float32", min_size=1.0,
                  min_area=1.0, on_error="raise", cache_dir=None, cache_bytes=None,
                  storage_options=None, *, image_ids=None, max_file_bytes=MAX_FILE_BYTES,
-                 retry=None, max_requests=None):
+                 retry=None, max_requests=None, exif_orientation=False):
         what = type(self).__name__
         self.size = self._checked(what, size, crop, flip, mean, std, output, on_error,
-                                  box_format, min_size, min_area)
+                                  box_format, min_size, min_area, exif_orientation)
         self.box_format = box_format
         self.min_size, self.min_area = float(min_size), float(min_area)
         if isinstance(paths, (str, bytes, os.PathLike)):
@@ -178,7 +186,7 @@ class DetectionFiles(ImageFiles):
                             output=output, on_error=on_error, max_file_bytes=max_file_bytes,
                             cache_dir=cache_dir, cache_bytes=cache_bytes,
                             storage_options=storage_options, retry=retry,
-                            max_requests=max_requests)
+                            max_requests=max_requests, exif_orientation=exif_orientation)
         self.image_ids = self.targets
         fill = getattr(self.crop, "fill", None)
         if fill is None:
@@ -188,7 +196,7 @@ class DetectionFiles(ImageFiles):
     # -- construction ---------------------------------------------------------------
     @classmethod
     def _checked(cls, what, size, crop, flip, mean, std, output, on_error, box_format,
-                 min_size, min_area):
+                 min_size, min_area, exif_orientation=False):
         """The options checked, errors naming ``what``; returns the (height, width) size.
         The readers call it before reading their annotation file (a COCO JSON takes
         seconds to parse: a bad option is named at once)."""
@@ -200,6 +208,7 @@ class DetectionFiles(ImageFiles):
                                 if crop is RandomResizedCrop else ""))
         # Checked here first so that errors name this class (ImageFiles checks again).
         _checked_options(crop, flip, mean, std, output, on_error, what, cls._CROPS)
+        _checked_exif(exif_orientation, what)
         size = _size_pair(size, what)
         if isinstance(crop, RandomResizedCrop) and crop.size != size:
             raise ValueError(f"{what}: crop {crop!r} resizes to {crop.size} but size is "

@@ -538,6 +538,10 @@ class CocoDetection(DetectionFiles):
     size, crop, flip, mean, std, output, min_size, min_area, on_error, cache_dir,
     cache_bytes, storage_options, max_file_bytes, retry, max_requests
         As :class:`DetectionFiles` (boxes are always COCO's XYWH).
+    exif_orientation : bool, default False
+        As :class:`DetectionFiles`: False, the JSON's boxes are in the stored
+        images' pixels; True, in the images as displayed (turned by their
+        EXIF orientation).
 
     Raises
     ------
@@ -556,14 +560,14 @@ class CocoDetection(DetectionFiles):
                  std=None, output="float32", min_size=1.0, min_area=1.0, on_error="raise",
                  cache_dir=None, cache_bytes=None, storage_options=None, *,
                  include_crowd=False, max_file_bytes=MAX_FILE_BYTES, retry=None,
-                 max_requests=None):
+                 max_requests=None, exif_orientation=False):
         what = type(self).__name__
         if not isinstance(include_crowd, bool):
             raise ValueError(f"{what}: include_crowd must be True or False, got "
                              f"{include_crowd!r}")
         # The options first: parsing a large annotation file takes seconds.
         DetectionFiles._checked(what, size, crop, flip, mean, std, output, on_error, "xywh",
-                                min_size, min_area)
+                                min_size, min_area, exif_orientation)
         root = _path_arg(root, "root", what)
         ann_file = _annotation_file(_path_arg(ann_file, "ann_file", what), "ann_file", what,
                                     "COCO's annotation JSON (instances_*.json; the "
@@ -584,7 +588,7 @@ class CocoDetection(DetectionFiles):
             min_size=min_size, min_area=min_area, on_error=on_error, cache_dir=cache_dir,
             cache_bytes=cache_bytes, storage_options=storage_options,
             image_ids=parsed["image_ids"], max_file_bytes=max_file_bytes, retry=retry,
-            max_requests=max_requests)
+            max_requests=max_requests, exif_orientation=exif_orientation)
         # (After ImageFiles' constructor, which has no classes to give.)
         self.classes = parsed["classes"]
 
@@ -616,6 +620,9 @@ class WiderFace(DetectionFiles):
     size, crop, flip, mean, std, output, min_size, min_area, on_error, cache_dir,
     cache_bytes, storage_options, max_file_bytes, retry, max_requests
         As :class:`DetectionFiles` (boxes are always WIDER's XYWH).
+    exif_orientation : bool, default False
+        As :class:`DetectionFiles`: False, the ground truth's boxes are in the
+        stored images' pixels; True, in the images as displayed.
 
     Raises
     ------
@@ -636,12 +643,13 @@ class WiderFace(DetectionFiles):
     def __init__(self, root, split="train", size=640, crop=_DEFAULT_CROP, flip=0.5, mean=None,
                  std=None, output="float32", min_size=1.0, min_area=1.0, on_error="raise",
                  cache_dir=None, cache_bytes=None, storage_options=None, *, annotations=None,
-                 max_file_bytes=MAX_FILE_BYTES, retry=None, max_requests=None):
+                 max_file_bytes=MAX_FILE_BYTES, retry=None, max_requests=None,
+                 exif_orientation=False):
         what = type(self).__name__
         if not isinstance(split, str) or split not in WIDER_SPLITS:
             raise ValueError(f"{what}: split must be one of {WIDER_SPLITS}, got {split!r}")
         DetectionFiles._checked(what, size, crop, flip, mean, std, output, on_error, "xywh",
-                                min_size, min_area)
+                                min_size, min_area, exif_orientation)
         root = _path_arg(root, "root", what)
         if annotations is None:
             folder, name = os.path.join(root, "wider_face_split"), "root"
@@ -679,7 +687,7 @@ class WiderFace(DetectionFiles):
             box_format="xywh", mean=mean, std=std, output=output, min_size=min_size,
             min_area=min_area, on_error=on_error, cache_dir=cache_dir, cache_bytes=cache_bytes,
             storage_options=storage_options, max_file_bytes=max_file_bytes, retry=retry,
-            max_requests=max_requests)
+            max_requests=max_requests, exif_orientation=exif_orientation)
         counts = np.array([len(a) for a in attrs], np.int64)
         self.attribute_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.classes = {0: "face"}
