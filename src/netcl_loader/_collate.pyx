@@ -12,6 +12,7 @@ caller has imported it.
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_RECORDS_RO, PyBUF_RECORDS, PyBUF_WRITABLE, PyBUF_C_CONTIGUOUS
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 from libc.string cimport strcmp, memset, memcpy
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t
 
 import copy
 import sys
@@ -771,3 +772,300 @@ def gather_rows(src, indices, out):
             PyBuffer_Release(&iv)
         if have_s:
             PyBuffer_Release(&sv)
+
+
+# -- token rows: the layout of language-model batches ---------------------------------------
+#
+# A batch of token rows is laid out from pieces of token streams: piece i is
+# ``piece_len[i]`` tokens of ``srcs[i]`` (a 1-D integer array: a view of a
+# memory-mapped token file, or tokens read from a cached copy), placed back to
+# back in row ``piece_row[i]``; the rest of each row is padding.  A segment is
+# a document's part in a row, or a row's padding: every piece starts one, and
+# so does every document end ``e`` in ``ends`` with ``pos < e < pos + len``
+# (``pos``: the piece's position in its stream).  One pass per piece writes
+# input_ids (converted to int64), labels and position_ids; cu_seqlens are read
+# back from the positions (a 0 starts each segment, and nothing else is 0).
+
+cdef enum:
+    # Sources whose buffers are held at once: pieces go through in chunks of
+    # this many, so that no call allocates.
+    _TOKEN_CHUNK = 64
+
+cdef enum TokenCode:
+    T_U8, T_I8, T_U16, T_I16, T_U32, T_I32, T_I64
+
+cdef int64_t _IGNORE = -100     # PyTorch's cross-entropy ignore_index
+
+
+cdef int _token_code(const Py_buffer *b):
+    """The token type of a 1-D integer buffer, or -1."""
+    cdef const char *f = b.format
+    if f == NULL:
+        return T_U8 if b.itemsize == 1 else -1
+    if f[0] == b'<' or f[0] == b'=' or f[0] == b'@':
+        f += 1
+    if f[0] == 0 or f[1] != 0:
+        return -1
+    if b.itemsize == 1:
+        return T_U8 if f[0] == b'B' else T_I8 if f[0] == b'b' else -1
+    if b.itemsize == 2:
+        return T_U16 if f[0] == b'H' else T_I16 if f[0] == b'h' else -1
+    if b.itemsize == 4:
+        return T_U32 if f[0] == b'I' or f[0] == b'L' else \
+            T_I32 if f[0] == b'i' or f[0] == b'l' else -1
+    if b.itemsize == 8:
+        return T_I64 if f[0] == b'q' or f[0] == b'l' else -1
+    return -1
+
+
+cdef inline void _to_int64(int64_t *dst, const char *src, int code, Py_ssize_t n) noexcept nogil:
+    """``dst[0:n] = src[0:n]``, each token widened to int64 (one loop per type, so
+    that the compiler vectorises it)."""
+    cdef Py_ssize_t j
+    if code == T_U16:
+        for j in range(n):
+            dst[j] = (<const uint16_t *>src)[j]
+    elif code == T_U32:
+        for j in range(n):
+            dst[j] = (<const uint32_t *>src)[j]
+    elif code == T_I32:
+        for j in range(n):
+            dst[j] = (<const int32_t *>src)[j]
+    elif code == T_I64:
+        memcpy(dst, src, n * 8)
+    elif code == T_U8:
+        for j in range(n):
+            dst[j] = (<const uint8_t *>src)[j]
+    elif code == T_I8:
+        for j in range(n):
+            dst[j] = (<const int8_t *>src)[j]
+    else:
+        for j in range(n):
+            dst[j] = (<const int16_t *>src)[j]
+
+
+cdef inline Py_ssize_t _code_size(int code) noexcept nogil:
+    if code == T_U8 or code == T_I8:
+        return 1
+    if code == T_U16 or code == T_I16:
+        return 2
+    if code == T_U32 or code == T_I32:
+        return 4
+    return 8
+
+
+cdef struct _Rows:
+    int64_t *ids
+    int64_t *labels
+    int64_t *pos
+    Py_ssize_t rows, width
+    const int64_t *ends
+    Py_ssize_t n_ends
+    int64_t pad_id
+    bint shift
+    Py_ssize_t row       # the row being filled (-1 before the first)
+    Py_ssize_t col       # its columns filled so far
+    Py_ssize_t segments
+    Py_ssize_t max_len
+
+
+cdef inline void _segment(_Rows *o, Py_ssize_t a, Py_ssize_t b, int64_t follow) noexcept nogil:
+    """Labels and positions of the segment at flat positions ``a .. b`` (ids written).
+    ``follow``: the label of its last token when labels are shifted."""
+    cdef Py_ssize_t j
+    cdef int64_t *lab = o.labels
+    if o.shift:
+        # labels[t] is the token to predict at t: the next one, in the same
+        # segment; the last token's is ``follow`` (the next token of its
+        # document beyond the piece, or -100).
+        if b - a > 1:
+            memcpy(lab + a, o.ids + a + 1, (b - a - 1) * 8)
+        lab[b - 1] = follow
+    else:
+        # Aligned with input_ids (the model shifts): a segment's first token
+        # would be predicted from the one before it, across a boundary.
+        memcpy(lab + a, o.ids + a, (b - a) * 8)
+        lab[a] = _IGNORE
+    for j in range(b - a):
+        o.pos[a + j] = j
+    o.segments += 1
+    if b - a > o.max_len:
+        o.max_len = b - a
+
+
+cdef void _next_row(_Rows *o) noexcept nogil:
+    """Pads the rest of the row being filled (one segment of ``pad_id``, labels -100)
+    and starts the next."""
+    cdef Py_ssize_t a, b, j
+    if o.row >= 0 and o.col < o.width:
+        a = o.row * o.width + o.col
+        b = (o.row + 1) * o.width
+        for j in range(a, b):
+            o.ids[j] = o.pad_id
+            o.labels[j] = _IGNORE
+            o.pos[j] = j - a
+        o.segments += 1
+        if b - a > o.max_len:
+            o.max_len = b - a
+    o.row += 1
+    o.col = 0
+
+
+cdef void _piece(_Rows *o, const char *src, int code, Py_ssize_t avail, Py_ssize_t n,
+                 int64_t pos, Py_ssize_t row) noexcept nogil:
+    cdef Py_ssize_t base, a, lo, hi, mid
+    cdef int64_t follow, e
+    cdef int64_t nxt[1]
+    while o.row < row:
+        _next_row(o)
+    if n == 0:
+        return
+    base = row * o.width + o.col
+    _to_int64(o.ids + base, src, code, n)
+    # The first document end after pos (ends are sorted): binary search.
+    lo, hi = 0, o.n_ends
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if o.ends[mid] <= pos:
+            lo = mid + 1
+        else:
+            hi = mid
+    a = base
+    while lo < o.n_ends and o.ends[lo] < pos + n:
+        e = o.ends[lo]
+        # The token at e - 1 is its document's last: it predicts nothing.
+        _segment(o, a, base + (e - pos), _IGNORE)
+        a = base + (e - pos)
+        lo += 1
+    follow = _IGNORE
+    if avail > n and not (lo < o.n_ends and o.ends[lo] == pos + n):
+        # The token after the piece continues its last document.
+        _to_int64(nxt, src + n * _code_size(code), code, 1)
+        follow = nxt[0]
+    _segment(o, a, base + n, follow)
+    o.col += n
+
+
+def token_rows(list srcs, const int64_t[::1] piece_row, const int64_t[::1] piece_len,
+               const int64_t[::1] piece_pos, const int64_t[::1] ends, int64_t[:, ::1] ids,
+               int64_t[:, ::1] labels, int64_t[:, ::1] positions, int64_t pad_id,
+               bint shift_labels):
+    """Lay token pieces out as rows: ``input_ids``, ``labels`` and ``position_ids``.
+
+    Piece ``i`` is the first ``piece_len[i]`` tokens of ``srcs[i]`` (a 1-D
+    C-contiguous array of uint8, int8, uint16, int16, uint32, int32 or int64
+    tokens), which lie at ``piece_pos[i]`` in their stream; the pieces are
+    placed back to back in their rows (``piece_row``, non-decreasing), and
+    the rest of each row is ``pad_id``.  A segment starts at every piece, at
+    every document end ``e`` of the sorted ``ends`` with ``pos < e < pos +
+    len`` (stream positions), and at every row's padding.  Positions count up
+    from 0 in each segment.  Labels (shifted): the next token of the same
+    document, which for a piece's last token is ``srcs[i][piece_len[i]]``
+    when the source has it and no document ends at ``pos + len``, else -100;
+    padding's are -100.  Not shifted: the tokens themselves, -100 at each
+    segment's first and in padding.
+
+    One pass per piece, without the GIL and without allocating.
+
+    Returns
+    -------
+    (segments, max_seqlen) : tuple of int
+        The number of segments (``cu_seqlens`` has one more entry; see
+        :func:`segment_starts`) and the longest one's length.
+
+    Raises
+    ------
+    ValueError
+        Naming the piece or array that does not fit: a source shorter than
+        its piece or not a 1-D array of integer tokens, rows out of order or
+        range, pieces overflowing their row, output arrays of other shapes.
+    """
+    cdef Py_ssize_t P = len(srcs), i, k, done, rows, width, col, row
+    cdef _Rows o
+    cdef Py_buffer views[_TOKEN_CHUNK]
+    cdef int codes[_TOKEN_CHUNK]
+    cdef Py_ssize_t held = 0
+    rows, width = ids.shape[0], ids.shape[1]
+    if labels.shape[0] != rows or labels.shape[1] != width or positions.shape[0] != rows \
+            or positions.shape[1] != width:
+        raise ValueError(f"token_rows: labels {(labels.shape[0], labels.shape[1])} and "
+                         f"positions {(positions.shape[0], positions.shape[1])} must have the shape of ids "
+                         f"{(rows, width)}")
+    if piece_row.shape[0] != P or piece_len.shape[0] != P or piece_pos.shape[0] != P:
+        raise ValueError(f"token_rows: piece_row, piece_len and piece_pos have "
+                         f"{piece_row.shape[0]}, {piece_len.shape[0]}, {piece_pos.shape[0]} "
+                         f"entries for {P} sources; expected one per source")
+    # Every piece is checked before any is written.
+    row, col = -1, 0
+    for i in range(P):
+        if piece_row[i] < row or piece_row[i] >= rows or piece_len[i] < 0:
+            raise ValueError(f"token_rows: piece {i} goes to row {piece_row[i]} with "
+                             f"{piece_len[i]} tokens after row {row}; expected rows in order "
+                             f"in [0, {rows}) and lengths >= 0")
+        if piece_row[i] != row:
+            row, col = piece_row[i], 0
+        col += piece_len[i]
+        if col > width:
+            raise ValueError(f"token_rows: the pieces of row {row} hold {col} tokens, more "
+                             f"than its {width} columns")
+    o.ids, o.labels, o.pos = &ids[0, 0] if rows and width else NULL, \
+        &labels[0, 0] if rows and width else NULL, &positions[0, 0] if rows and width else NULL
+    o.rows, o.width = rows, width
+    o.ends = &ends[0] if ends.shape[0] else NULL
+    o.n_ends = ends.shape[0]
+    o.pad_id, o.shift = pad_id, shift_labels
+    o.row, o.col, o.segments, o.max_len = -1, 0, 0, 0
+    done = 0
+    try:
+        while done < P:
+            held = 0
+            k = min(P - done, _TOKEN_CHUNK)
+            for i in range(k):
+                PyObject_GetBuffer(srcs[done + i], &views[i], PyBUF_RECORDS_RO | PyBUF_C_CONTIGUOUS)
+                held += 1
+                codes[i] = _token_code(&views[i]) if views[i].ndim == 1 else -1
+                if codes[i] < 0:
+                    raise ValueError(f"token_rows: srcs[{done + i}] must be a 1-D array of "
+                                     f"integer tokens (uint8, int8, uint16, int16, uint32, "
+                                     f"int32, int64), got format {views[i].format!r} with "
+                                     f"{views[i].ndim} dimensions")
+                if views[i].shape[0] < piece_len[done + i]:
+                    raise ValueError(f"token_rows: srcs[{done + i}] has {views[i].shape[0]} "
+                                     f"tokens, fewer than its piece's {piece_len[done + i]}")
+            with nogil:
+                for i in range(k):
+                    _piece(&o, <const char *>views[i].buf, codes[i], views[i].shape[0],
+                           piece_len[done + i], piece_pos[done + i], piece_row[done + i])
+            for i in range(held):
+                PyBuffer_Release(&views[i])
+            held = 0
+            done += k
+        with nogil:
+            while o.row < rows:
+                _next_row(&o)
+    finally:
+        for i in range(held):
+            PyBuffer_Release(&views[i])
+    return o.segments, o.max_len
+
+
+def segment_starts(const int64_t[:, ::1] positions, int32_t[::1] cu):
+    """``cu_seqlens`` from ``position_ids``: the flat position of every 0 (each
+    segment's start, in order), then the total.  ``cu`` must have one entry
+    more than there are segments."""
+    cdef Py_ssize_t total = positions.shape[0] * positions.shape[1], j, k = 0
+    cdef Py_ssize_t n = cu.shape[0]
+    cdef const int64_t *p = &positions[0, 0] if total else NULL
+    if total > 0x7FFFFFFF:
+        raise ValueError(f"segment_starts: {total} tokens do not fit cu_seqlens' int32")
+    with nogil:
+        for j in range(total):
+            if p[j] == 0:
+                if k < n - 1:
+                    cu[k] = <int32_t>j
+                k += 1
+    if k != n - 1:
+        raise ValueError(f"segment_starts: positions hold {k} segments, cu has room for "
+                         f"{n - 1}")
+    cu[k] = <int32_t>total
+    return cu

@@ -549,9 +549,9 @@ class _MultiStream:
     def __init__(self, pieces):
         self.pieces = pieces
 
-    def read(self, start, out):
+    def view(self, start, n):
         stream, s, _ = self.pieces[start]
-        stream.read(s, out)
+        return stream.view(s, n)
 
 
 def _pieces_batch(pieces, rows, nrows, width, proto, alloc):

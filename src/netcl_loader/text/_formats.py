@@ -119,6 +119,25 @@ class TokenStream:
             os.close(fd)
         return out
 
+    def view(self, start, n):
+        """Tokens ``start .. start + n`` of the stream as a 1-D array: a view of the
+        file's map in its own dtype when they lie in one local file (no copy),
+        else read (from a remote file's cached copy, or across files) into a
+        new array."""
+        maps = self._maps if self._pid == os.getpid() else self._mapped()
+        if len(maps) == 1:
+            m = maps[0]
+            if m is not None:
+                return m[start:start + n]
+            return self._part(0, start, n)
+        k = int(np.searchsorted(self.first, start, side="right")) - 1
+        lo = start - int(self.first[k])
+        if k < len(maps) and lo + n <= self.files[k].count:
+            return maps[k][lo:lo + n] if maps[k] is not None else self._part(k, lo, n)
+        out = np.empty(n, np.int64)
+        self.read(start, out)
+        return out
+
     def read(self, start, out):
         """Copy the tokens ``start .. start + len(out)`` of the stream into ``out``."""
         maps = self._mapped()

@@ -4,13 +4,17 @@ A batch is a dict of ``input_ids``, ``labels``, ``position_ids`` (int64,
 ``(rows, length)``), ``cu_seqlens`` (int32) and ``max_seqlen`` (int64, 0-d).
 Every array comes from the caller's ``alloc`` (the loader's ring slot: the
 variable-length ``cu_seqlens`` and a flattened batch's rows grow the slot
-when they do not fit), and is computed with whole-array NumPy operations.
+when they do not fit).  The packing is whole-array NumPy work, done once;
+the batch's layout (tokens widened to int64, labels, positions) is one
+compiled pass per row or piece, from views of the memory-mapped files.
 """
 from __future__ import annotations
 
 import bisect
 
 import numpy as np
+
+from .._collate import segment_starts, token_rows
 
 __all__ = ["IGNORE_INDEX", "cut_pieces", "best_fit_decreasing", "pack_documents",
            "window_batch", "rows_batch"]
@@ -110,108 +114,55 @@ def pack_documents(starts, lengths, seq_len, window):
     return rows, p_start[order], p_len[order]
 
 
-def _finish(ids, starts, bad, pads, last_label, alloc, shift_labels):
-    """Labels, positions, ``cu_seqlens`` and ``max_seqlen`` of rows ``ids``.
-
-    ``starts``: the sorted flat positions where segments (a document's part
-    in a row, or a row's padding) start, every row's first among them.
-    ``bad``: flat positions whose next token belongs to another segment
-    (their shifted label is -100).  ``pads``: ``(row, first column)`` of each
-    row's padding.  ``last_label``: the token after each row's last (windows),
-    or None (then nothing follows a row).  Only these sparse positions are
-    touched one by one; everything else is whole-array work.
-    """
-    rows, width = ids.shape
-    total = rows * width
+def _layout(srcs, piece_row, piece_len, piece_pos, ends, rows, width, alloc, pad_id,
+            shift_labels):
+    """The batch of pieces ``srcs`` laid out as ``rows`` rows of ``width`` tokens by
+    the compiled :func:`netcl_loader._collate.token_rows` (one pass per piece,
+    straight into ``alloc``'s arrays): ``input_ids``, ``labels``,
+    ``position_ids``, then ``cu_seqlens`` (read back from the positions: a
+    segment starts exactly where its position is 0) and ``max_seqlen``."""
+    ids = alloc((rows, width), np.int64)
     labels = alloc((rows, width), np.int64)
-    flat = labels.reshape(-1)
-    if shift_labels:
-        # labels[t] is the token to predict at t: the next one, when it
-        # belongs to the same document.
-        if width > 1:
-            np.copyto(labels[:, :-1], ids[:, 1:])
-        labels[:, -1] = IGNORE_INDEX if last_label is None else last_label
-        flat[bad] = IGNORE_INDEX
-    else:
-        # Aligned with input_ids (the model shifts): the first token of each
-        # segment would be predicted from the one before it, across a boundary.
-        np.copyto(labels, ids)
-        flat[starts] = IGNORE_INDEX
-    for r, c in pads:
-        labels[r, c:] = IGNORE_INDEX
-    # Positions count up from 0 in each segment: a cumulative sum of ones
-    # that drops back by the previous segment's length at every start.
     positions = alloc((rows, width), np.int64)
-    lengths = np.diff(np.append(starts, total))
-    step = np.ones(total, np.int64)
-    step[starts] = 0
-    step[starts[1:]] = 1 - lengths[:-1]
-    step[0] = 0
-    np.cumsum(step, out=positions.reshape(-1))
-    cu = alloc((len(starts) + 1,), np.int32)
-    cu[:-1] = starts
-    cu[-1] = total
+    segments, longest = token_rows(srcs, piece_row, piece_len, piece_pos, ends, ids, labels,
+                                   positions, pad_id, shift_labels)
+    cu = alloc((segments + 1,), np.int32)
+    segment_starts(positions, cu)
     max_len = alloc((), np.int64)
-    max_len[...] = int(lengths.max()) if len(lengths) else 0
+    max_len[...] = longest
     return {"input_ids": ids, "labels": labels, "position_ids": positions,
             "cu_seqlens": cu, "max_seqlen": max_len}
 
 
 def window_batch(stream, window_starts, seq_len, alloc, shift_labels):
-    """The batch of the windows of ``seq_len + 1`` tokens starting at ``window_starts``."""
-    s = np.asarray(window_starts, np.int64)
+    """The batch of the windows of ``seq_len + 1`` tokens starting at ``window_starts``.
+
+    Row ``r`` is the window's first ``seq_len`` tokens, one piece whose source
+    holds the window's last token too: the label of the row's last token, unless a
+    document ends before it (documents end at ``stream.ends``).
+    """
+    s = np.ascontiguousarray(window_starts, np.int64)
     rows = len(s)
-    ids = alloc((rows, seq_len), np.int64)
-    after = np.empty(rows, np.int64)
-    for r in range(rows):
-        stream.read(int(s[r]), ids[r])
-        stream.read(int(s[r]) + seq_len, after[r:r + 1])
-    # Documents end at the positions in ``stream.ends`` (exclusive): the ends
-    # e with s < e <= s + seq_len fall on this window's input tokens, making
-    # the token at e - 1 its document's last.
-    ends = stream.ends
-    row_starts = np.arange(rows, dtype=np.int64) * seq_len
-    if len(ends):
-        lo = np.searchsorted(ends, s + 1, "left")
-        hi = np.searchsorted(ends, s + seq_len, "right")
-        k = _ranges(lo, hi)
-        r = np.repeat(np.arange(rows, dtype=np.int64), hi - lo)
-        last = ends[k] - s[r] - 1 + r * seq_len      # flat positions of documents' last tokens
-        inner = last[(last + 1) % seq_len != 0] + 1  # a document starts after each, in its row
-        starts = np.union1d(row_starts, inner)
-    else:
-        last = np.zeros(0, np.int64)
-        starts = row_starts
-    return _finish(ids, starts, last, (), after, alloc, shift_labels)
+    srcs = [stream.view(a, seq_len + 1) for a in s.tolist()]
+    return _layout(srcs, np.arange(rows, dtype=np.int64), np.full(rows, seq_len, np.int64), s,
+                   stream.ends, rows, seq_len, alloc, 0, shift_labels)
+
+
+_NO_ENDS = np.zeros(0, np.int64)
 
 
 def rows_batch(stream, rows, width, piece_row, piece_start, piece_len, alloc, pad_id,
                shift_labels):
     """The batch of ``rows`` rows of ``width`` tokens, each holding pieces back to back
-    (piece ``i`` in row ``piece_row[i]``, in order) then ``pad_id``."""
-    piece_row = np.asarray(piece_row, np.int64)
-    piece_start = np.asarray(piece_start, np.int64)
-    piece_len = np.asarray(piece_len, np.int64)
-    ids = alloc((rows, width), np.int64)
-    # Where each piece lies in its row: after the pieces before it in that row.
-    ends = np.cumsum(piece_len)
-    first_of_row = np.searchsorted(piece_row, np.arange(rows, dtype=np.int64))
-    row_base = np.concatenate([[0], ends])[first_of_row]
-    offset = (np.concatenate([[0], ends[:-1]]) - row_base[piece_row]) if len(piece_len) \
-        else np.zeros(0, np.int64)
-    for i in range(len(piece_len)):
-        o = int(offset[i])
-        stream.read(int(piece_start[i]), ids[int(piece_row[i]), o:o + int(piece_len[i])])
-    used = np.bincount(piece_row, weights=piece_len, minlength=rows).astype(np.int64)
-    padded = np.flatnonzero(used < width)
-    pads = [(int(r), int(used[r])) for r in padded]
-    for r, c in pads:
-        ids[r, c:] = pad_id
-    piece_flat = piece_row * width + offset
-    pad_flat = padded * width + used[padded]
-    starts = np.union1d(np.union1d(piece_flat, pad_flat),
-                        np.arange(rows, dtype=np.int64) * width)
-    # A piece's last token predicts nothing: what follows is another piece,
-    # the padding or another row.
-    bad = piece_flat + piece_len - 1
-    return _finish(ids, starts, bad, pads, None, alloc, shift_labels)
+    (piece ``i`` in row ``piece_row[i]``, in order) then ``pad_id``.
+
+    A piece lies in one document, and its last token predicts nothing (what
+    follows it is another piece, the padding or another row): its source is
+    exactly its tokens, and no document end is looked up.
+    """
+    piece_row = np.ascontiguousarray(piece_row, np.int64)
+    piece_start = np.ascontiguousarray(piece_start, np.int64)
+    piece_len = np.ascontiguousarray(piece_len, np.int64)
+    srcs = [stream.view(a, n) for a, n in zip(piece_start.tolist(), piece_len.tolist())]
+    return _layout(srcs, piece_row, piece_len, piece_start, _NO_ENDS, rows, width, alloc,
+                   pad_id, shift_labels)
