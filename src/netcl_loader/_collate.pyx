@@ -818,30 +818,50 @@ cdef int _token_code(const Py_buffer *b):
     return -1
 
 
-cdef inline void _to_int64(int64_t *dst, const char *src, int code, Py_ssize_t n) noexcept nogil:
-    """``dst[0:n] = src[0:n]``, each token widened to int64 (one loop per type, so
-    that the compiler vectorises it)."""
+ctypedef fused _token_t:
+    uint8_t
+    int8_t
+    uint16_t
+    int16_t
+    uint32_t
+    int32_t
+    int64_t
+
+
+cdef inline int64_t _copy_tokens(const _token_t *s, int64_t *ids, int64_t *lab, Py_ssize_t n,
+                                 bint shift, bint more) noexcept nogil:
+    """``ids[0:n] = s[0:n]`` widened to int64, and ``lab[0:n]`` the same tokens
+    (``shift``: each one's next, read from the source too, so that no store is
+    read back).  Returns the token after the piece when ``more`` (else 0).
+    One loop per token type, which the compiler vectorises."""
     cdef Py_ssize_t j
-    if code == T_U16:
-        for j in range(n):
-            dst[j] = (<const uint16_t *>src)[j]
-    elif code == T_U32:
-        for j in range(n):
-            dst[j] = (<const uint32_t *>src)[j]
-    elif code == T_I32:
-        for j in range(n):
-            dst[j] = (<const int32_t *>src)[j]
-    elif code == T_I64:
-        memcpy(dst, src, n * 8)
-    elif code == T_U8:
-        for j in range(n):
-            dst[j] = (<const uint8_t *>src)[j]
-    elif code == T_I8:
-        for j in range(n):
-            dst[j] = (<const int8_t *>src)[j]
+    if shift:
+        for j in range(n - 1):
+            ids[j] = s[j]
+            lab[j] = s[j + 1]
+        ids[n - 1] = s[n - 1]
     else:
         for j in range(n):
-            dst[j] = (<const int16_t *>src)[j]
+            ids[j] = s[j]
+            lab[j] = s[j]
+    return s[n] if more else 0
+
+
+cdef int64_t _copy_piece(const char *src, int code, int64_t *ids, int64_t *lab, Py_ssize_t n,
+                         bint shift, bint more) noexcept nogil:
+    if code == T_U16:
+        return _copy_tokens(<const uint16_t *>src, ids, lab, n, shift, more)
+    if code == T_U32:
+        return _copy_tokens(<const uint32_t *>src, ids, lab, n, shift, more)
+    if code == T_I32:
+        return _copy_tokens(<const int32_t *>src, ids, lab, n, shift, more)
+    if code == T_I64:
+        return _copy_tokens(<const int64_t *>src, ids, lab, n, shift, more)
+    if code == T_U8:
+        return _copy_tokens(<const uint8_t *>src, ids, lab, n, shift, more)
+    if code == T_I8:
+        return _copy_tokens(<const int8_t *>src, ids, lab, n, shift, more)
+    return _copy_tokens(<const int16_t *>src, ids, lab, n, shift, more)
 
 
 cdef inline Py_ssize_t _code_size(int code) noexcept nogil:
@@ -869,23 +889,17 @@ cdef struct _Rows:
     Py_ssize_t max_len
 
 
-cdef inline void _segment(_Rows *o, Py_ssize_t a, Py_ssize_t b, int64_t follow) noexcept nogil:
-    """Labels and positions of the segment at flat positions ``a .. b`` (ids written).
-    ``follow``: the label of its last token when labels are shifted."""
+cdef inline void _segment(_Rows *o, Py_ssize_t a, Py_ssize_t b) noexcept nogil:
+    """Positions of the segment at flat positions ``a .. b`` (0 up), and the label the
+    boundary takes: labels are shifted, and the token at ``b - 1`` ends its
+    document here, so it predicts nothing; or they are aligned with
+    input_ids (the model shifts), and the segment's first token would be
+    predicted from the one before it, across a boundary."""
     cdef Py_ssize_t j
-    cdef int64_t *lab = o.labels
     if o.shift:
-        # labels[t] is the token to predict at t: the next one, in the same
-        # segment; the last token's is ``follow`` (the next token of its
-        # document beyond the piece, or -100).
-        if b - a > 1:
-            memcpy(lab + a, o.ids + a + 1, (b - a - 1) * 8)
-        lab[b - 1] = follow
+        o.labels[b - 1] = _IGNORE
     else:
-        # Aligned with input_ids (the model shifts): a segment's first token
-        # would be predicted from the one before it, across a boundary.
-        memcpy(lab + a, o.ids + a, (b - a) * 8)
-        lab[a] = _IGNORE
+        o.labels[a] = _IGNORE
     for j in range(b - a):
         o.pos[a + j] = j
     o.segments += 1
@@ -914,14 +928,13 @@ cdef void _next_row(_Rows *o) noexcept nogil:
 cdef void _piece(_Rows *o, const char *src, int code, Py_ssize_t avail, Py_ssize_t n,
                  int64_t pos, Py_ssize_t row) noexcept nogil:
     cdef Py_ssize_t base, a, lo, hi, mid
-    cdef int64_t follow, e
-    cdef int64_t nxt[1]
+    cdef int64_t follow
+    cdef bint more
     while o.row < row:
         _next_row(o)
     if n == 0:
         return
     base = row * o.width + o.col
-    _to_int64(o.ids + base, src, code, n)
     # The first document end after pos (ends are sorted): binary search.
     lo, hi = 0, o.n_ends
     while lo < hi:
@@ -930,19 +943,21 @@ cdef void _piece(_Rows *o, const char *src, int code, Py_ssize_t avail, Py_ssize
             lo = mid + 1
         else:
             hi = mid
+    hi = lo
+    while hi < o.n_ends and o.ends[hi] < pos + n:
+        hi += 1
+    # The token after the piece is its last one's label when the source holds
+    # it and it continues that token's document (no end at pos + n).
+    more = o.shift and avail > n and not (hi < o.n_ends and o.ends[hi] == pos + n)
+    follow = _copy_piece(src, code, o.ids + base, o.labels + base, n, o.shift, more)
     a = base
-    while lo < o.n_ends and o.ends[lo] < pos + n:
-        e = o.ends[lo]
-        # The token at e - 1 is its document's last: it predicts nothing.
-        _segment(o, a, base + (e - pos), _IGNORE)
-        a = base + (e - pos)
+    while lo < hi:
+        _segment(o, a, base + (o.ends[lo] - pos))
+        a = base + (o.ends[lo] - pos)
         lo += 1
-    follow = _IGNORE
-    if avail > n and not (lo < o.n_ends and o.ends[lo] == pos + n):
-        # The token after the piece continues its last document.
-        _to_int64(nxt, src + n * _code_size(code), code, 1)
-        follow = nxt[0]
-    _segment(o, a, base + n, follow)
+    _segment(o, a, base + n)
+    if more:
+        o.labels[base + n - 1] = follow
     o.col += n
 
 
