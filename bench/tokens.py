@@ -9,8 +9,15 @@ ending with the eos id 0.  Every loader makes batches of 8 rows for
   (``zero_copy=True``), shuffled windows of 2049 tokens, with labels,
   positions and ``cu_seqlens``;
 - ``plain window (limit)``: the plainest code, 2 forked processes each
-  slicing random windows of the memmap into one reused int64 batch: what the
-  workers could deliver if slicing were all there is;
+  slicing random windows of the memmap into one reused pair of int64 arrays of
+  ours' shapes, ``input_ids`` and ``labels`` ``(8, 2048)`` (positions and
+  ``cu_seqlens`` are left out, so it stays an upper bound): what the workers
+  could deliver if slicing were all there is.  Timed from a barrier that starts
+  both (after they mapped the file and sliced 50 batches) to the last one's
+  end, over at least 4,000 batches: forking is not counted;
+- ``C loop, 1 process (check)``: the same rows sliced by a 5-line C loop
+  (compiled with the system's ``cc``) in one process: the limit's figure is
+  flagged when it beats twice this one;
 - ``nanoGPT get_batch``: nanoGPT's ``get_batch`` as its ``train.py`` writes it
   (a fresh ``np.memmap`` per batch, random offsets, ``torch.stack`` of
   ``torch.from_numpy`` slices), in the main process;
@@ -32,6 +39,7 @@ Usage::
 
     python bench/tokens.py                                     # 500 M tokens, 5 rounds
     python bench/tokens.py --tokens 2000000 --rounds 1 --batches 20   # smoke run
+    python bench/tokens.py --packs window --batches 2000      # the window scenario alone
     python bench/tokens.py --markdown bench/results/tokens.md --json bench/results/tokens.json
 """
 from __future__ import annotations
@@ -56,6 +64,8 @@ ZIPF_A = 1.5
 ZIPF_SCALE = 120
 MAX_DOC_TOKENS = 100_000
 WARMUP_BATCHES = 10
+#: The row of the plain limit's check (see c_loop_check).
+CHECK = "C loop, 1 process (check)"
 
 
 def make_file(path, tokens):
@@ -111,29 +121,111 @@ def ours(path, pack, workers):
     return loader, ds.padding_fraction()
 
 
-def _plain_worker(path, count, seed, q):
-    data = np.memmap(path, np.uint16, "r")
+#: Batches each plain process slices before the timed ones (its map and buffers touched).
+PLAIN_WARMUP = 50
+#: Batches of the plain limit and of its C check at least: enough that a run lasts tens
+#: of milliseconds at their speed, so that the barrier and the reports (~0.1-1 ms) vanish.
+PLAIN_MIN_BATCHES = 4000
+
+
+def _plain_batch(data, starts, ids, labels):
+    # The plainest code for ours' token arrays: each row's input_ids and labels
+    # (the window shifted by one) sliced from the map, widened to int64.
+    for r, w in enumerate(starts):
+        ids[r] = data[w:w + SEQ_LEN]
+        labels[r] = data[w + 1:w + SEQ_LEN + 1]
+
+
+def _plain_worker(path, count, seed, barrier, q):
+    data = np.asarray(np.memmap(path, np.uint16, "r"))
     windows = len(data) // (SEQ_LEN + 1)
-    batch = np.empty((BATCH, SEQ_LEN + 1), np.int64)
+    ids = np.empty((BATCH, SEQ_LEN), np.int64)
+    labels = np.empty((BATCH, SEQ_LEN), np.int64)
     rng = np.random.default_rng(seed)
-    for _ in range(count):
-        for r, w in enumerate(rng.integers(0, windows, BATCH)):
-            batch[r] = data[w * (SEQ_LEN + 1):(w + 1) * (SEQ_LEN + 1)]
-    q.put(count)
+    for _ in range(PLAIN_WARMUP):
+        _plain_batch(data, rng.integers(0, windows, BATCH) * (SEQ_LEN + 1), ids, labels)
+    starts = [rng.integers(0, windows, BATCH) * (SEQ_LEN + 1) for _ in range(count)]
+    barrier.wait()
+    for s in starts:
+        _plain_batch(data, s, ids, labels)
+    q.put((count, time.perf_counter()))
 
 
 def plain_limit(path, workers, count):
+    """The plainest code: ``workers`` forked processes, each slicing random windows
+    of the map into one reused pair of ``(BATCH, SEQ_LEN)`` int64 arrays
+    (input_ids and labels, as ours delivers them).  Timed from the barrier that
+    starts them all (each has mapped the file and sliced warm-up batches) to the
+    last one's end, so that forking and starting are not counted."""
     ctx = multiprocessing.get_context("fork")
     q = ctx.Queue()
-    per = -(-count // workers)
-    t0 = time.perf_counter()
-    procs = [ctx.Process(target=_plain_worker, args=(path, per, k, q)) for k in range(workers)]
+    barrier = ctx.Barrier(workers + 1)
+    per = -(-max(count, PLAIN_MIN_BATCHES) // workers)
+    procs = [ctx.Process(target=_plain_worker, args=(path, per, SEED + 1 + k, barrier, q))
+             for k in range(workers)]
     for p in procs:
         p.start()
-    done = sum(q.get() for _ in procs)
+    barrier.wait()
+    t0 = time.perf_counter()
+    got = [q.get() for _ in procs]
     for p in procs:
         p.join()
-    return done * BATCH * SEQ_LEN / (time.perf_counter() - t0)
+    done = sum(n for n, _ in got)
+    return done * BATCH * SEQ_LEN / (max(t for _, t in got) - t0)
+
+
+_C_LOOP = r"""
+#include <stdint.h>
+/* rows windows of n + 1 uint16 tokens at starts: ids[r] = w[0:n], labels[r] = w[1:n+1],
+   widened to int64, in one loop per row. */
+void plain_rows(const uint16_t *data, const int64_t *starts, long rows, long n,
+                int64_t *ids, int64_t *labels) {
+    for (long r = 0; r < rows; r++) {
+        const uint16_t *w = data + starts[r];
+        int64_t *a = ids + r * n, *b = labels + r * n;
+        for (long j = 0; j < n; j++) { a[j] = w[j]; b[j] = w[j + 1]; }
+    }
+}
+"""
+
+
+def c_loop_check(path, count):
+    """The plain limit's work done a second way: one process, the same rows sliced
+    by a C loop (compiled here with the system's ``cc``), tokens/s; or None and
+    why, when no compiler is found.  Two processes cannot beat twice this."""
+    import ctypes
+    import shutil
+    import subprocess
+    import tempfile
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None, "no C compiler (cc) to build the check"
+    with tempfile.TemporaryDirectory() as tmp:
+        src, lib = os.path.join(tmp, "plain.c"), os.path.join(tmp, "plain.so")
+        with open(src, "w") as f:
+            f.write(_C_LOOP)
+        subprocess.run([cc, "-O3", "-shared", "-fPIC", src, "-o", lib], check=True)
+        fn = ctypes.CDLL(lib).plain_rows
+    data = np.asarray(np.memmap(path, np.uint16, "r"))
+    windows = len(data) // (SEQ_LEN + 1)
+    ids = np.empty((BATCH, SEQ_LEN), np.int64)
+    labels = np.empty((BATCH, SEQ_LEN), np.int64)
+    rng = np.random.default_rng(SEED + 100)
+    count = max(count, PLAIN_MIN_BATCHES)
+    starts = [rng.integers(0, windows, BATCH) * (SEQ_LEN + 1) for _ in range(count + 50)]
+    p = ctypes.c_void_p
+    args = [(p(data.ctypes.data), p(s.ctypes.data)) for s in starts]
+    out = (p(ids.ctypes.data), p(labels.ctypes.data))
+    for d, s in args[:50]:
+        fn(d, s, ctypes.c_long(BATCH), ctypes.c_long(SEQ_LEN), *out)
+    t0 = time.perf_counter()
+    for d, s in args[50:]:
+        fn(d, s, ctypes.c_long(BATCH), ctypes.c_long(SEQ_LEN), *out)
+    rate = count * BATCH * SEQ_LEN / (time.perf_counter() - t0)
+    for r, w in enumerate(starts[-1]):   # the loop did the plain code's work
+        assert np.array_equal(ids[r], data[w:w + SEQ_LEN])
+        assert np.array_equal(labels[r], data[w + 1:w + SEQ_LEN + 1])
+    return rate, None
 
 
 def nanogpt(path, count):
@@ -210,6 +302,11 @@ def hf_flattening(path, workers, count, limit_tokens):
     return timed(endless(loader), count)[0]
 
 
+def _rate_why(got):
+    rate, why = got
+    return rate, None, why
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--tokens", type=int, default=500_000_000)
@@ -221,6 +318,9 @@ def main(argv=None):
                          "their documents from (they hold them in memory)")
     ap.add_argument("--cache", default=os.path.join(os.path.expanduser("~"), ".cache",
                                                     "netcl_bench"))
+    ap.add_argument("--packs", nargs="+", choices=("window", "documents", "none"),
+                    default=["window", "documents", "none"],
+                    help="our packings to run, each with its peers")
     ap.add_argument("--markdown")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
@@ -229,20 +329,25 @@ def main(argv=None):
     make_file(path, args.tokens)
     peer = min(args.peer_tokens, args.tokens)
     results = {}
-    loaders = {pack: ours(path, pack, args.workers) for pack in ("window", "documents", "none")}
+    loaders = {pack: ours(path, pack, args.workers) for pack in args.packs}
     padding = {f"ours {p}": loaders[p][1] for p in loaders}
     skipped = {}
     for r in range(args.rounds):
-        runs = [
-            ("ours window", lambda: timed(endless(loaders["window"][0]), args.batches)[0]),
-            ("plain window (limit)", lambda: plain_limit(path, args.workers, args.batches)),
-            ("nanoGPT get_batch", lambda: nanogpt(path, args.batches)),
-            ("ours documents", lambda: timed(endless(loaders["documents"][0]), args.batches)[0]),
-            ("Grain first-fit", lambda: grain_rows(path, args.workers, args.batches, peer)),
-            ("ours none", lambda: timed(endless(loaders["none"][0]), args.batches)[0]),
-            ("HF datasets + DataCollatorWithFlattening",
+        runs = [(name, run) for pack, name, run in [
+            ("window", "ours window",
+             lambda: timed(endless(loaders["window"][0]), args.batches)[0]),
+            ("window", "plain window (limit)",
+             lambda: plain_limit(path, args.workers, args.batches)),
+            ("window", CHECK, lambda: _rate_why(c_loop_check(path, args.batches))),
+            ("window", "nanoGPT get_batch", lambda: nanogpt(path, args.batches)),
+            ("documents", "ours documents",
+             lambda: timed(endless(loaders["documents"][0]), args.batches)[0]),
+            ("documents", "Grain first-fit",
+             lambda: grain_rows(path, args.workers, args.batches, peer)),
+            ("none", "ours none", lambda: timed(endless(loaders["none"][0]), args.batches)[0]),
+            ("none", "HF datasets + DataCollatorWithFlattening",
              lambda: hf_flattening(path, args.workers, args.batches, peer)),
-        ]
+        ] if pack in args.packs]
         k = r % len(runs)
         for name, run in runs[k:] + runs[:k]:
             got = run()
@@ -251,7 +356,8 @@ def main(argv=None):
                 if rate is None:
                     skipped[name] = why
                     continue
-                padding[name] = pad
+                if pad is not None:
+                    padding[name] = pad
                 got = rate
             results.setdefault(name, []).append(got)
             print(f"round {r + 1}: {name}: {got / 1e6:.1f} M tokens/s", flush=True)
@@ -268,6 +374,15 @@ def main(argv=None):
         lines.append(f"| {name} | {v / 1e6:.1f} | {ratio} | {pad} |")
     for name, why in skipped.items():
         lines.append(f"| {name} | skipped: {why} | | |")
+    if "plain window (limit)" in med and CHECK in med:
+        # Two processes doing the plain code's work cannot beat twice one
+        # process doing it in C: a figure above that is not a limit.
+        bound = args.workers * med[CHECK]
+        lines.append("")
+        lines.append(f"The plain limit is {med['plain window (limit)'] / bound:.2f} of "
+                     f"{args.workers} x the C loop's figure"
+                     + ("" if med["plain window (limit)"] <= 1.1 * bound else
+                        ": ABOVE it, so one of the two figures is wrong"))
     text = "\n".join(lines)
     print(text)
     if args.markdown:

@@ -1083,4 +1083,3 @@ def segment_starts(const int64_t[:, ::1] positions, int32_t[::1] cu):
         raise ValueError(f"segment_starts: positions hold {k} segments, cu has room for "
                          f"{n - 1}")
     cu[k] = <int32_t>total
-    return cu

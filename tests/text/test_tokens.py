@@ -225,6 +225,162 @@ def test_windows_equal_the_oracle(tmp_path, shift_labels, eos_id):
     check_batch(batch, expected)
 
 
+# -- the compiled layout against plain oracles ------------------------------------------
+
+#: Token ids of each dtype the layout widens, away from 0 and past the narrower types'
+#: ranges (a uint32 id above 2**31, negative int32 ids): a wrong width or sign shows.
+TOKEN_RANGES = {"uint16": (1, 1 << 16), "uint32": (1, 1 << 32), "int32": (-(1 << 31), 1 << 31)}
+EOS_OF = {"uint16": 0, "uint32": 4_000_000_000, "int32": -7}
+
+
+def random_token_stream(dtype, seq_len, windows, seed):
+    """A stream of ``windows`` windows of ``seq_len + 1`` random tokens with the eos
+    placed where the layout has edge cases: at a window's first token, at its last
+    input token, at the token after it (the last one's label), twice in a row at a
+    row boundary; a run of windows without any; and at random elsewhere."""
+    rng = np.random.default_rng(seed)
+    lo, hi = TOKEN_RANGES[dtype]
+    eos = EOS_OF[dtype]
+    w = seq_len + 1
+    toks = rng.integers(lo, hi, size=windows * w, dtype=np.int64)
+    toks[toks == eos] = eos + 1
+    at = [0 * w, 1 * w + seq_len - 1, 2 * w + seq_len, 3 * w - 1, 3 * w, 3 * w + 1]
+    at += list(rng.choice(np.arange(9 * w, windows * w), size=windows, replace=False))
+    toks[at] = eos                                   # (windows 4..8 have no eos)
+    return toks.astype(dtype), eos
+
+
+def oracle_token_rows(srcs, piece_row, piece_len, piece_pos, ends, rows, width, pad_id,
+                      shift_labels):
+    """token_rows' arrays, token by token."""
+    ends = set(int(e) for e in ends)
+    ids = np.full((rows, width), pad_id, np.int64)
+    labels = np.full((rows, width), IGNORE_INDEX, np.int64)
+    pos = np.zeros((rows, width), np.int64)
+    starts = []
+    for r in range(rows):
+        col = 0
+        for i in [i for i in range(len(srcs)) if piece_row[i] == r]:
+            src, n, p = [int(x) for x in srcs[i]], int(piece_len[i]), int(piece_pos[i])
+            for t in range(n):
+                if t == 0 or p + t in ends:
+                    starts.append(r * width + col)
+                    seg = col
+                ids[r, col] = src[t]
+                pos[r, col] = col - seg
+                if shift_labels:
+                    if t + 1 < n and p + t + 1 not in ends:
+                        labels[r, col] = src[t + 1]
+                    elif t + 1 == n and len(src) > n and p + n not in ends:
+                        labels[r, col] = src[n]
+                else:
+                    labels[r, col] = IGNORE_INDEX if col == seg else src[t]
+                col += 1
+        if col < width:
+            starts.append(r * width + col)
+            pos[r, col:] = np.arange(width - col)
+    cu = np.array(starts + [rows * width], np.int32)
+    return ids, labels, pos, cu, int(np.diff(cu).max()) if len(starts) else 0
+
+
+@pytest.mark.parametrize("shift_labels", [True, False])
+def test_token_rows_equal_the_plain_oracle_on_random_pieces(shift_labels):
+    from netcl_loader._collate import segment_starts, token_rows
+    rng = np.random.default_rng(11)
+    dtypes = ["uint8", "int8", "uint16", "int16", "uint32", "int32", "int64"]
+    stream = rng.integers(-100, 1000, size=5000)
+    for trial in range(300):
+        rows, width = int(rng.integers(1, 5)), int(rng.integers(1, 24))
+        ends = np.unique(rng.integers(1, len(stream), size=int(rng.integers(0, 800))))
+        srcs, piece_row, piece_len, piece_pos = [], [], [], []
+        for r in range(rows):
+            room = width if rng.random() < 0.8 else 0      # some rows only padding
+            while room and rng.random() < 0.85:
+                n = int(rng.integers(0, room + 1))
+                p = int(rng.integers(0, len(stream) - n - 1))
+                extra = int(rng.integers(0, 2))              # the token after it, or not
+                dt = np.dtype(dtypes[int(rng.integers(len(dtypes)))])
+                info = np.iinfo(dt)
+                src = np.clip(stream[p:p + n + extra], info.min, info.max).astype(dt)
+                srcs.append(src)
+                piece_row.append(r)
+                piece_len.append(n)
+                piece_pos.append(p)
+                room -= n
+        piece_row, piece_len, piece_pos = (np.array(a, np.int64).reshape(-1) for a in
+                                           (piece_row, piece_len, piece_pos))
+        ids = np.full((rows, width), 12345, np.int64)
+        labels, positions = ids.copy(), ids.copy()
+        segments, longest = token_rows(srcs, piece_row, piece_len, piece_pos, ends, ids,
+                                       labels, positions, -1, shift_labels)
+        cu = np.empty(segments + 1, np.int32)
+        segment_starts(positions, cu)
+        want = oracle_token_rows(srcs, piece_row, piece_len, piece_pos, ends, rows, width, -1,
+                                 shift_labels)
+        check_batch({"input_ids": ids, "labels": labels, "position_ids": positions,
+                     "cu_seqlens": cu, "max_seqlen": np.int64(longest)}, want)
+
+
+@pytest.mark.parametrize("shift_labels", [True, False])
+@pytest.mark.parametrize("dtype", ["uint16", "uint32", "int32"])
+def test_windows_of_every_token_type_equal_the_oracle(tmp_path, dtype, shift_labels):
+    seq_len = 16
+    toks, eos = random_token_stream(dtype, seq_len, 40, seed=12)
+    path = tmp_path / "w.bin"
+    toks.tofile(path)
+    ds = TokenFiles(str(path), seq_len, dtype=dtype, eos_id=eos, shift_labels=shift_labels)
+    windows = oracle_windows(toks.astype(np.int64), seq_len, eos)
+    assert len(ds) == len(windows) == 40
+    order = np.random.default_rng(13).permutation(len(ds))
+    for b in range(0, len(order), 6):
+        idx = order[b:b + 6]
+        check_batch(ds.gather_batch(idx, np.empty),
+                    oracle_layout([windows[i][0] for i in idx], shift_labels,
+                                  extra=[windows[i][1] for i in idx]))
+
+
+@pytest.mark.parametrize("dtype", ["uint32", "int32"])
+def test_documents_of_wide_token_types_equal_the_bfd_oracle(tmp_path, dtype):
+    rng = np.random.default_rng(14)
+    lo, hi = TOKEN_RANGES[dtype]
+    eos = EOS_OF[dtype]
+    docs = []
+    for _ in range(50):
+        d = rng.integers(lo, hi, size=int(rng.integers(1, 40)), dtype=np.int64)
+        d[d == eos] = eos + 1
+        docs.append(np.append(d, eos))
+    path = write_bin(tmp_path / "d.bin", docs, dtype)
+    ds = TokenFiles(path, 24, dtype=dtype, eos_id=eos, pack="documents", pad_id=eos,
+                    shuffle_window=16)
+    rows = oracle_document_rows(docs, 24, 16)
+    check_batch(ds.gather_batch(np.arange(len(ds)), np.empty),
+                oracle_layout(rows, True, pad_id=eos))
+
+
+def test_token_rows_names_what_does_not_fit():
+    from netcl_loader._collate import segment_starts, token_rows
+    ids = np.zeros((2, 4), np.int64)
+    lab, pos = ids.copy(), ids.copy()
+    one = np.ones(1, np.int64)
+    none_ = np.zeros(0, np.int64)
+
+    def call(srcs, rows, lens, out=ids):
+        return token_rows(srcs, np.array(rows, np.int64), np.array(lens, np.int64),
+                          np.zeros(len(rows), np.int64), none_, out, lab, pos, 0, True)
+    with pytest.raises(ValueError, match=r"srcs\[0\] has 2 tokens, fewer than its piece's 3"):
+        call([np.arange(2, dtype=np.uint16)], [0], [3])
+    with pytest.raises(ValueError, match="piece 1 goes to row 0 .* after row 1"):
+        call([one, one], [1, 0], [1, 1])
+    with pytest.raises(ValueError, match="row 1 hold 5 tokens, more than its 4 columns"):
+        call([np.arange(5), one], [1, 1], [4, 1])
+    with pytest.raises(ValueError, match=r"srcs\[0\] must be a 1-D array of integer tokens"):
+        call([np.zeros(4, np.float32)], [0], [4])
+    with pytest.raises(ValueError, match="must have the shape of ids"):
+        call([one], [0], [1], out=np.zeros((2, 5), np.int64))
+    with pytest.raises(ValueError, match="positions hold 2 segments, cu has room for 3"):
+        segment_starts(np.array([[0, 1, 0, 1]]), np.zeros(4, np.int32))
+
+
 def test_npy_and_several_files_are_one_stream(tmp_path):
     docs = make_docs(40, seed=2)
     a, b = docs[:25], docs[25:]
