@@ -783,8 +783,8 @@ def gather_rows(src, indices, out):
 # a document's part in a row, or a row's padding: every piece starts one, and
 # so does every document end ``e`` in ``ends`` with ``pos < e < pos + len``
 # (``pos``: the piece's position in its stream).  One pass per piece writes
-# input_ids (converted to int64), labels and position_ids; cu_seqlens are read
-# back from the positions (a 0 starts each segment, and nothing else is 0).
+# input_ids (converted to int64), labels, position_ids and the segments' starts
+# (cu_seqlens).
 
 cdef enum:
     # Sources whose buffers are held at once: pieces go through in chunks of
@@ -795,6 +795,8 @@ cdef enum TokenCode:
     T_U8, T_I8, T_U16, T_I16, T_U32, T_I32, T_I64
 
 cdef int64_t _IGNORE = -100     # PyTorch's cross-entropy ignore_index
+cdef object _np_int64 = np.dtype(np.int64)
+cdef object _np_int32 = np.dtype(np.int32)
 
 
 cdef int _token_code(const Py_buffer *b):
@@ -887,6 +889,8 @@ cdef struct _Rows:
     Py_ssize_t col       # its columns filled so far
     Py_ssize_t segments
     Py_ssize_t max_len
+    int32_t *cu          # each segment's start, appended as it is made
+    Py_ssize_t cu_room   # entries of cu (the segments counted first, never more written)
 
 
 cdef inline void _segment(_Rows *o, Py_ssize_t a, Py_ssize_t b) noexcept nogil:
@@ -902,6 +906,8 @@ cdef inline void _segment(_Rows *o, Py_ssize_t a, Py_ssize_t b) noexcept nogil:
         o.labels[a] = _IGNORE
     for j in range(b - a):
         o.pos[a + j] = j
+    if o.segments < o.cu_room:
+        o.cu[o.segments] = <int32_t>a
     o.segments += 1
     if b - a > o.max_len:
         o.max_len = b - a
@@ -918,6 +924,8 @@ cdef void _next_row(_Rows *o) noexcept nogil:
             o.ids[j] = o.pad_id
             o.labels[j] = _IGNORE
             o.pos[j] = j - a
+        if o.segments < o.cu_room:
+            o.cu[o.segments] = <int32_t>a
         o.segments += 1
         if b - a > o.max_len:
             o.max_len = b - a
@@ -925,9 +933,21 @@ cdef void _next_row(_Rows *o) noexcept nogil:
     o.col = 0
 
 
+cdef Py_ssize_t _first_end_after(const int64_t *ends, Py_ssize_t n_ends, int64_t pos) noexcept nogil:
+    """The first of the sorted ``ends`` above ``pos`` (binary search)."""
+    cdef Py_ssize_t lo = 0, hi = n_ends, mid
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ends[mid] <= pos:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 cdef void _piece(_Rows *o, const char *src, int code, Py_ssize_t avail, Py_ssize_t n,
                  int64_t pos, Py_ssize_t row) noexcept nogil:
-    cdef Py_ssize_t base, a, lo, hi, mid
+    cdef Py_ssize_t base, a, lo, hi
     cdef int64_t follow
     cdef bint more
     while o.row < row:
@@ -935,14 +955,7 @@ cdef void _piece(_Rows *o, const char *src, int code, Py_ssize_t avail, Py_ssize
     if n == 0:
         return
     base = row * o.width + o.col
-    # The first document end after pos (ends are sorted): binary search.
-    lo, hi = 0, o.n_ends
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if o.ends[mid] <= pos:
-            lo = mid + 1
-        else:
-            hi = mid
+    lo = _first_end_after(o.ends, o.n_ends, pos)
     hi = lo
     while hi < o.n_ends and o.ends[hi] < pos + n:
         hi += 1
@@ -961,11 +974,20 @@ cdef void _piece(_Rows *o, const char *src, int code, Py_ssize_t avail, Py_ssize
     o.col += n
 
 
-def token_rows(list srcs, const int64_t[::1] piece_row, const int64_t[::1] piece_len,
-               const int64_t[::1] piece_pos, const int64_t[::1] ends, int64_t[:, ::1] ids,
-               int64_t[:, ::1] labels, int64_t[:, ::1] positions, int64_t pad_id,
-               bint shift_labels):
-    """Lay token pieces out as rows: ``input_ids``, ``labels`` and ``position_ids``.
+cdef void _check_out(object arr, Py_buffer *b, Py_ssize_t rows, Py_ssize_t width, int ndim,
+                     Py_ssize_t itemsize, str name) except *:
+    PyObject_GetBuffer(arr, b, PyBUF_RECORDS | PyBUF_C_CONTIGUOUS)
+    if b.ndim != ndim or b.itemsize != itemsize or (ndim >= 1 and b.shape[0] != rows) \
+            or (ndim == 2 and b.shape[1] != width):
+        PyBuffer_Release(b)
+        raise ValueError(f"token_batch: alloc gave {name} of {b.ndim} dimensions and "
+                         f"{b.itemsize}-byte items; expected the shape and type asked for")
+
+
+def token_batch(list srcs, const int64_t[::1] piece_row, const int64_t[::1] piece_len,
+                const int64_t[::1] piece_pos, const int64_t[::1] ends, Py_ssize_t rows,
+                Py_ssize_t width, alloc, int64_t pad_id, bint shift_labels):
+    """Token pieces laid out as a batch of ``rows`` rows of ``width`` tokens.
 
     Piece ``i`` is the first ``piece_len[i]`` tokens of ``srcs[i]`` (a 1-D
     C-contiguous array of uint8, int8, uint16, int16, uint32, int32 or int64
@@ -974,112 +996,134 @@ def token_rows(list srcs, const int64_t[::1] piece_row, const int64_t[::1] piece
     the rest of each row is ``pad_id``.  A segment starts at every piece, at
     every document end ``e`` of the sorted ``ends`` with ``pos < e < pos +
     len`` (stream positions), and at every row's padding.  Positions count up
-    from 0 in each segment.  Labels (shifted): the next token of the same
+    from 0 in each segment.  Labels, shifted: the next token of the same
     document, which for a piece's last token is ``srcs[i][piece_len[i]]``
     when the source has it and no document ends at ``pos + len``, else -100;
     padding's are -100.  Not shifted: the tokens themselves, -100 at each
     segment's first and in padding.
 
-    One pass per piece, without the GIL and without allocating.
+    The arrays come from ``alloc(shape, dtype)`` (writable, C-contiguous),
+    in this order: ``input_ids``, ``labels``, ``position_ids`` (int64,
+    ``(rows, width)``), ``cu_seqlens`` (int32: every segment's start over the
+    flattened rows, then their total) and ``max_seqlen`` (int64, 0-d: the
+    longest segment).  The segments are counted from the pieces and ends
+    first (no token is read), so that ``cu_seqlens`` is asked for at its
+    size; then one pass per piece, without the GIL and without allocating,
+    widens its tokens into ``input_ids`` and writes its labels, positions
+    and segment starts.
 
     Returns
     -------
-    (segments, max_seqlen) : tuple of int
-        The number of segments (``cu_seqlens`` has one more entry; see
-        :func:`segment_starts`) and the longest one's length.
+    dict of ndarray
+        ``input_ids``, ``labels``, ``position_ids``, ``cu_seqlens``, ``max_seqlen``.
 
     Raises
     ------
     ValueError
         Naming the piece or array that does not fit: a source shorter than
         its piece or not a 1-D array of integer tokens, rows out of order or
-        range, pieces overflowing their row, output arrays of other shapes.
+        range, pieces overflowing their row, more tokens than int32
+        ``cu_seqlens`` can count.
     """
-    cdef Py_ssize_t P = len(srcs), i, k, done, rows, width, col, row
+    cdef Py_ssize_t P = len(srcs), i, k, done, row, col, segments, lo
+    cdef int64_t e_hi
     cdef _Rows o
     cdef Py_buffer views[_TOKEN_CHUNK]
     cdef int codes[_TOKEN_CHUNK]
-    cdef Py_ssize_t held = 0
-    rows, width = ids.shape[0], ids.shape[1]
-    if labels.shape[0] != rows or labels.shape[1] != width or positions.shape[0] != rows \
-            or positions.shape[1] != width:
-        raise ValueError(f"token_rows: labels {(labels.shape[0], labels.shape[1])} and "
-                         f"positions {(positions.shape[0], positions.shape[1])} must have the shape of ids "
-                         f"{(rows, width)}")
+    cdef Py_buffer ob[5]
+    cdef Py_ssize_t held = 0, outs = 0
     if piece_row.shape[0] != P or piece_len.shape[0] != P or piece_pos.shape[0] != P:
-        raise ValueError(f"token_rows: piece_row, piece_len and piece_pos have "
+        raise ValueError(f"token_batch: piece_row, piece_len and piece_pos have "
                          f"{piece_row.shape[0]}, {piece_len.shape[0]}, {piece_pos.shape[0]} "
                          f"entries for {P} sources; expected one per source")
-    # Every piece is checked before any is written.
-    row, col = -1, 0
+    if rows < 0 or width < 0 or rows * width > 0x7FFFFFFF:
+        raise ValueError(f"token_batch: {rows} rows of {width} tokens; expected at most "
+                         f"2**31 - 1 tokens (cu_seqlens are int32)")
+    o.ends = &ends[0] if ends.shape[0] else NULL
+    o.n_ends = ends.shape[0]
+    # Every piece is checked, and the segments counted, before anything is
+    # allocated or written: a piece's own, the ends inside it, each row's padding.
+    row, col, segments = -1, width, 0
     for i in range(P):
         if piece_row[i] < row or piece_row[i] >= rows or piece_len[i] < 0:
-            raise ValueError(f"token_rows: piece {i} goes to row {piece_row[i]} with "
+            raise ValueError(f"token_batch: piece {i} goes to row {piece_row[i]} with "
                              f"{piece_len[i]} tokens after row {row}; expected rows in order "
                              f"in [0, {rows}) and lengths >= 0")
         if piece_row[i] != row:
+            segments += (piece_row[i] - row - 1) * (width > 0) + (col < width)  # padding
             row, col = piece_row[i], 0
         col += piece_len[i]
         if col > width:
-            raise ValueError(f"token_rows: the pieces of row {row} hold {col} tokens, more "
+            raise ValueError(f"token_batch: the pieces of row {row} hold {col} tokens, more "
                              f"than its {width} columns")
-    o.ids, o.labels, o.pos = &ids[0, 0] if rows and width else NULL, \
-        &labels[0, 0] if rows and width else NULL, &positions[0, 0] if rows and width else NULL
-    o.rows, o.width = rows, width
-    o.ends = &ends[0] if ends.shape[0] else NULL
-    o.n_ends = ends.shape[0]
-    o.pad_id, o.shift = pad_id, shift_labels
-    o.row, o.col, o.segments, o.max_len = -1, 0, 0, 0
-    done = 0
+        if piece_len[i]:
+            lo = _first_end_after(o.ends, o.n_ends, piece_pos[i])
+            e_hi = piece_pos[i] + piece_len[i]
+            segments += 1
+            while lo < o.n_ends and o.ends[lo] < e_hi:
+                segments += 1
+                lo += 1
+    if width:
+        segments += (rows - row - 1) + (col < width)
+    ids = alloc((rows, width), _np_int64)
+    labels = alloc((rows, width), _np_int64)
+    positions = alloc((rows, width), _np_int64)
+    cu = alloc((segments + 1,), _np_int32)
+    max_len = alloc((), _np_int64)
     try:
+        _check_out(ids, &ob[0], rows, width, 2, 8, "input_ids")
+        outs = 1
+        _check_out(labels, &ob[1], rows, width, 2, 8, "labels")
+        outs = 2
+        _check_out(positions, &ob[2], rows, width, 2, 8, "position_ids")
+        outs = 3
+        _check_out(cu, &ob[3], segments + 1, 0, 1, 4, "cu_seqlens")
+        outs = 4
+        _check_out(max_len, &ob[4], 0, 0, 0, 8, "max_seqlen")
+        outs = 5
+        o.ids, o.labels, o.pos = <int64_t *>ob[0].buf, <int64_t *>ob[1].buf, <int64_t *>ob[2].buf
+        o.cu, o.cu_room = <int32_t *>ob[3].buf, segments
+        o.rows, o.width = rows, width
+        o.pad_id, o.shift = pad_id, shift_labels
+        o.row, o.col, o.segments, o.max_len = -1, 0, 0, 0
+        done = 0
         while done < P:
-            held = 0
             k = min(P - done, _TOKEN_CHUNK)
             for i in range(k):
                 PyObject_GetBuffer(srcs[done + i], &views[i], PyBUF_RECORDS_RO | PyBUF_C_CONTIGUOUS)
                 held += 1
                 codes[i] = _token_code(&views[i]) if views[i].ndim == 1 else -1
                 if codes[i] < 0:
-                    raise ValueError(f"token_rows: srcs[{done + i}] must be a 1-D array of "
+                    raise ValueError(f"token_batch: srcs[{done + i}] must be a 1-D array of "
                                      f"integer tokens (uint8, int8, uint16, int16, uint32, "
                                      f"int32, int64), got format {views[i].format!r} with "
                                      f"{views[i].ndim} dimensions")
                 if views[i].shape[0] < piece_len[done + i]:
-                    raise ValueError(f"token_rows: srcs[{done + i}] has {views[i].shape[0]} "
+                    raise ValueError(f"token_batch: srcs[{done + i}] has {views[i].shape[0]} "
                                      f"tokens, fewer than its piece's {piece_len[done + i]}")
             with nogil:
                 for i in range(k):
                     _piece(&o, <const char *>views[i].buf, codes[i], views[i].shape[0],
                            piece_len[done + i], piece_pos[done + i], piece_row[done + i])
-            for i in range(held):
-                PyBuffer_Release(&views[i])
-            held = 0
+            while held:
+                held -= 1
+                PyBuffer_Release(&views[held])
             done += k
-        with nogil:
-            while o.row < rows:
-                _next_row(&o)
+        if width:
+            with nogil:
+                while o.row < rows:
+                    _next_row(&o)
+        if o.segments != segments:
+            raise RuntimeError(f"token_batch: {o.segments} segments laid out, {segments} "
+                               f"counted (a bug: please report it)")
+        o.cu[o.segments] = <int32_t>(rows * width)
+        (<int64_t *>ob[4].buf)[0] = o.max_len
     finally:
-        for i in range(held):
-            PyBuffer_Release(&views[i])
-    return o.segments, o.max_len
-
-
-def segment_starts(const int64_t[:, ::1] positions, int32_t[::1] cu):
-    """``cu_seqlens`` from ``position_ids``: the flat position of every 0 (each
-    segment's start, in order), then the total.  ``cu`` must have one entry
-    more than there are segments."""
-    cdef Py_ssize_t total = positions.shape[0] * positions.shape[1], j, k = 0
-    cdef Py_ssize_t n = cu.shape[0]
-    cdef const int64_t *p = &positions[0, 0] if total else NULL
-    if total > 0x7FFFFFFF:
-        raise ValueError(f"segment_starts: {total} tokens do not fit cu_seqlens' int32")
-    with nogil:
-        for j in range(total):
-            if p[j] == 0:
-                if k < n - 1:
-                    cu[k] = <int32_t>j
-                k += 1
-    if k != n - 1:
-        raise ValueError(f"segment_starts: positions hold {k} segments, cu has room for "
-                         f"{n - 1}")
-    cu[k] = <int32_t>total
+        while held:
+            held -= 1
+            PyBuffer_Release(&views[held])
+        while outs:
+            outs -= 1
+            PyBuffer_Release(&ob[outs])
+    return {"input_ids": ids, "labels": labels, "position_ids": positions,
+            "cu_seqlens": cu, "max_seqlen": max_len}

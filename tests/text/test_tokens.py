@@ -250,9 +250,9 @@ def random_token_stream(dtype, seq_len, windows, seed):
     return toks.astype(dtype), eos
 
 
-def oracle_token_rows(srcs, piece_row, piece_len, piece_pos, ends, rows, width, pad_id,
+def oracle_token_batch(srcs, piece_row, piece_len, piece_pos, ends, rows, width, pad_id,
                       shift_labels):
-    """token_rows' arrays, token by token."""
+    """token_batch's arrays, token by token."""
     ends = set(int(e) for e in ends)
     ids = np.full((rows, width), pad_id, np.int64)
     labels = np.full((rows, width), IGNORE_INDEX, np.int64)
@@ -284,8 +284,8 @@ def oracle_token_rows(srcs, piece_row, piece_len, piece_pos, ends, rows, width, 
 
 
 @pytest.mark.parametrize("shift_labels", [True, False])
-def test_token_rows_equal_the_plain_oracle_on_random_pieces(shift_labels):
-    from netcl_loader._collate import segment_starts, token_rows
+def test_token_batch_equals_the_plain_oracle_on_random_pieces(shift_labels):
+    from netcl_loader._collate import token_batch
     rng = np.random.default_rng(11)
     dtypes = ["uint8", "int8", "uint16", "int16", "uint32", "int32", "int64"]
     stream = rng.integers(-100, 1000, size=5000)
@@ -309,16 +309,18 @@ def test_token_rows_equal_the_plain_oracle_on_random_pieces(shift_labels):
                 room -= n
         piece_row, piece_len, piece_pos = (np.array(a, np.int64).reshape(-1) for a in
                                            (piece_row, piece_len, piece_pos))
-        ids = np.full((rows, width), 12345, np.int64)
-        labels, positions = ids.copy(), ids.copy()
-        segments, longest = token_rows(srcs, piece_row, piece_len, piece_pos, ends, ids,
-                                       labels, positions, -1, shift_labels)
-        cu = np.empty(segments + 1, np.int32)
-        segment_starts(positions, cu)
-        want = oracle_token_rows(srcs, piece_row, piece_len, piece_pos, ends, rows, width, -1,
+        asked = []
+
+        def alloc(shape, dtype):   # stale values, as a reused ring slot holds
+            asked.append((shape, np.dtype(dtype)))
+            return np.full(shape, 12345, dtype)
+        batch = token_batch(srcs, piece_row, piece_len, piece_pos, ends, rows, width, alloc,
+                            -1, shift_labels)
+        want = oracle_token_batch(srcs, piece_row, piece_len, piece_pos, ends, rows, width, -1,
                                  shift_labels)
-        check_batch({"input_ids": ids, "labels": labels, "position_ids": positions,
-                     "cu_seqlens": cu, "max_seqlen": np.int64(longest)}, want)
+        check_batch(batch, want)
+        i64, i32 = np.dtype(np.int64), np.dtype(np.int32)
+        assert asked == [((rows, width), i64)] * 3 + [((len(want[3]),), i32), ((), i64)]
 
 
 @pytest.mark.parametrize("shift_labels", [True, False])
@@ -357,16 +359,14 @@ def test_documents_of_wide_token_types_equal_the_bfd_oracle(tmp_path, dtype):
                 oracle_layout(rows, True, pad_id=eos))
 
 
-def test_token_rows_names_what_does_not_fit():
-    from netcl_loader._collate import segment_starts, token_rows
-    ids = np.zeros((2, 4), np.int64)
-    lab, pos = ids.copy(), ids.copy()
+def test_token_batch_names_what_does_not_fit():
+    from netcl_loader._collate import token_batch
     one = np.ones(1, np.int64)
     none_ = np.zeros(0, np.int64)
 
-    def call(srcs, rows, lens, out=ids):
-        return token_rows(srcs, np.array(rows, np.int64), np.array(lens, np.int64),
-                          np.zeros(len(rows), np.int64), none_, out, lab, pos, 0, True)
+    def call(srcs, rows, lens, alloc=np.empty):
+        return token_batch(srcs, np.array(rows, np.int64), np.array(lens, np.int64),
+                           np.zeros(len(rows), np.int64), none_, 2, 4, alloc, 0, True)
     with pytest.raises(ValueError, match=r"srcs\[0\] has 2 tokens, fewer than its piece's 3"):
         call([np.arange(2, dtype=np.uint16)], [0], [3])
     with pytest.raises(ValueError, match="piece 1 goes to row 0 .* after row 1"):
@@ -375,10 +375,10 @@ def test_token_rows_names_what_does_not_fit():
         call([np.arange(5), one], [1, 1], [4, 1])
     with pytest.raises(ValueError, match=r"srcs\[0\] must be a 1-D array of integer tokens"):
         call([np.zeros(4, np.float32)], [0], [4])
-    with pytest.raises(ValueError, match="must have the shape of ids"):
-        call([one], [0], [1], out=np.zeros((2, 5), np.int64))
-    with pytest.raises(ValueError, match="positions hold 2 segments, cu has room for 3"):
-        segment_starts(np.array([[0, 1, 0, 1]]), np.zeros(4, np.int32))
+    with pytest.raises(ValueError, match="alloc gave input_ids of 2 dimensions and 4-byte"):
+        call([one], [0], [1], alloc=lambda shape, dtype: np.empty(shape, np.int32))
+    with pytest.raises(ValueError, match=r"65536 rows of 32768 tokens; expected at most 2\*\*31 - 1"):
+        token_batch([], none_, none_, none_, none_, 1 << 16, 1 << 15, np.empty, 0, True)
 
 
 def test_npy_and_several_files_are_one_stream(tmp_path):

@@ -5,8 +5,9 @@ A batch is a dict of ``input_ids``, ``labels``, ``position_ids`` (int64,
 Every array comes from the caller's ``alloc`` (the loader's ring slot: the
 variable-length ``cu_seqlens`` and a flattened batch's rows grow the slot
 when they do not fit).  The packing is whole-array NumPy work, done once;
-the batch's layout (tokens widened to int64, labels, positions) is one
-compiled pass per row or piece, from views of the memory-mapped files.
+the batch's layout (tokens widened to int64, labels, positions, segment
+starts) is one compiled pass per row or piece, from views of the
+memory-mapped files (:func:`netcl_loader._collate.token_batch`).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import bisect
 
 import numpy as np
 
-from .._collate import segment_starts, token_rows
+from .._collate import token_batch
 
 __all__ = ["IGNORE_INDEX", "cut_pieces", "best_fit_decreasing", "pack_documents",
            "window_batch", "rows_batch"]
@@ -114,26 +115,6 @@ def pack_documents(starts, lengths, seq_len, window):
     return rows, p_start[order], p_len[order]
 
 
-def _layout(srcs, piece_row, piece_len, piece_pos, ends, rows, width, alloc, pad_id,
-            shift_labels):
-    """The batch of pieces ``srcs`` laid out as ``rows`` rows of ``width`` tokens by
-    the compiled :func:`netcl_loader._collate.token_rows` (one pass per piece,
-    straight into ``alloc``'s arrays): ``input_ids``, ``labels``,
-    ``position_ids``, then ``cu_seqlens`` (read back from the positions: a
-    segment starts exactly where its position is 0) and ``max_seqlen``."""
-    ids = alloc((rows, width), np.int64)
-    labels = alloc((rows, width), np.int64)
-    positions = alloc((rows, width), np.int64)
-    segments, longest = token_rows(srcs, piece_row, piece_len, piece_pos, ends, ids, labels,
-                                   positions, pad_id, shift_labels)
-    cu = alloc((segments + 1,), np.int32)
-    segment_starts(positions, cu)
-    max_len = alloc((), np.int64)
-    max_len[...] = longest
-    return {"input_ids": ids, "labels": labels, "position_ids": positions,
-            "cu_seqlens": cu, "max_seqlen": max_len}
-
-
 def window_batch(stream, window_starts, seq_len, alloc, shift_labels):
     """The batch of the windows of ``seq_len + 1`` tokens starting at ``window_starts``.
 
@@ -144,8 +125,8 @@ def window_batch(stream, window_starts, seq_len, alloc, shift_labels):
     s = np.ascontiguousarray(window_starts, np.int64)
     rows = len(s)
     srcs = [stream.view(a, seq_len + 1) for a in s.tolist()]
-    return _layout(srcs, np.arange(rows, dtype=np.int64), np.full(rows, seq_len, np.int64), s,
-                   stream.ends, rows, seq_len, alloc, 0, shift_labels)
+    return token_batch(srcs, np.arange(rows, dtype=np.int64), np.full(rows, seq_len, np.int64),
+                       s, stream.ends, rows, seq_len, alloc, 0, shift_labels)
 
 
 _NO_ENDS = np.zeros(0, np.int64)
@@ -164,5 +145,5 @@ def rows_batch(stream, rows, width, piece_row, piece_start, piece_len, alloc, pa
     piece_start = np.ascontiguousarray(piece_start, np.int64)
     piece_len = np.ascontiguousarray(piece_len, np.int64)
     srcs = [stream.view(a, n) for a, n in zip(piece_start.tolist(), piece_len.tolist())]
-    return _layout(srcs, piece_row, piece_len, piece_start, _NO_ENDS, rows, width, alloc,
-                   pad_id, shift_labels)
+    return token_batch(srcs, piece_row, piece_len, piece_start, _NO_ENDS, rows, width, alloc,
+                       pad_id, shift_labels)
