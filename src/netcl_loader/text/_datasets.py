@@ -44,10 +44,13 @@ def _int_or_none(value, name, what):
 
 def _indices(indices, n, what):
     idx = np.asarray(indices, np.int64).reshape(-1)
-    if len(idx) and (idx.min() < -n or idx.max() >= n):
+    if not len(idx):
+        return idx
+    lo, hi = idx.min(), idx.max()
+    if lo < -n or hi >= n:
         bad = idx[(idx < -n) | (idx >= n)][0]
         raise IndexError(f"index {int(bad)} is out of range for {what} of {n} samples")
-    return np.where(idx < 0, idx + n, idx)
+    return idx if lo >= 0 else np.where(idx < 0, idx + n, idx)
 
 
 class TokenFiles:
@@ -549,9 +552,9 @@ class _MultiStream:
     def __init__(self, pieces):
         self.pieces = pieces
 
-    def view(self, start, n):
-        stream, s, _ = self.pieces[start]
-        return stream.view(s, n)
+    def views(self, starts, lengths):
+        return [stream.views([s], [n])[0] for (stream, s, _), n in
+                zip((self.pieces[i] for i in starts), lengths)]
 
 
 def _pieces_batch(pieces, rows, nrows, width, proto, alloc):

@@ -119,17 +119,18 @@ class TokenStream:
             os.close(fd)
         return out
 
-    def view(self, start, n):
-        """Tokens ``start .. start + n`` of the stream as a 1-D array: a view of the
-        file's map in its own dtype when they lie in one local file (no copy),
-        else read (from a remote file's cached copy, or across files) into a
-        new array."""
-        maps = self._maps if self._pid == os.getpid() else self._mapped()
-        if len(maps) == 1:
+    def views(self, starts, lengths):
+        """Tokens ``starts[i] .. starts[i] + lengths[i]`` of the stream, one 1-D array
+        each: a view of the file's map in its own dtype when they lie in one
+        local file (no copy), else read (from a remote file's cached copy, or
+        across files) into a new int64 array."""
+        maps = self._mapped()
+        if len(maps) == 1 and maps[0] is not None:
             m = maps[0]
-            if m is not None:
-                return m[start:start + n]
-            return self._part(0, start, n)
+            return [m[a:a + n] for a, n in zip(starts, lengths)]
+        return [self._view(maps, a, n) for a, n in zip(starts, lengths)]
+
+    def _view(self, maps, start, n):
         k = int(np.searchsorted(self.first, start, side="right")) - 1
         lo = start - int(self.first[k])
         if k < len(maps) and lo + n <= self.files[k].count:

@@ -124,7 +124,7 @@ def window_batch(stream, window_starts, seq_len, alloc, shift_labels):
     """
     s = np.ascontiguousarray(window_starts, np.int64)
     rows = len(s)
-    srcs = [stream.view(a, seq_len + 1) for a in s.tolist()]
+    srcs = stream.views(s.tolist(), [seq_len + 1] * rows)
     return token_batch(srcs, np.arange(rows, dtype=np.int64), np.full(rows, seq_len, np.int64),
                        s, stream.ends, rows, seq_len, alloc, 0, shift_labels)
 
@@ -144,6 +144,6 @@ def rows_batch(stream, rows, width, piece_row, piece_start, piece_len, alloc, pa
     piece_row = np.ascontiguousarray(piece_row, np.int64)
     piece_start = np.ascontiguousarray(piece_start, np.int64)
     piece_len = np.ascontiguousarray(piece_len, np.int64)
-    srcs = [stream.view(a, n) for a, n in zip(piece_start.tolist(), piece_len.tolist())]
+    srcs = stream.views(piece_start.tolist(), piece_len.tolist())
     return token_batch(srcs, piece_row, piece_len, piece_start, _NO_ENDS, rows, width, alloc,
                        pad_id, shift_labels)
