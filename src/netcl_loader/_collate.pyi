@@ -14,6 +14,19 @@ def collate(
 
 def gather_rows(src: np.ndarray, indices: np.ndarray, out: np.ndarray) -> np.ndarray: ...
 
+def token_batch(
+    srcs: list[np.ndarray],
+    piece_row: np.ndarray,
+    piece_len: np.ndarray,
+    piece_pos: np.ndarray,
+    ends: np.ndarray,
+    rows: int,
+    width: int,
+    alloc: Callable[[tuple[int, ...], np.dtype], np.ndarray],
+    pad_id: int,
+    shift_labels: bool,
+) -> dict[str, np.ndarray]: ...
+
 # torch bridging: torch is never imported here, only found in sys.modules.
 def torch_module() -> Any | None: ...
 def is_tensor(x: Any) -> bool: ...

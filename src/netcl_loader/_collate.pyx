@@ -8,6 +8,10 @@ nogil:`` block does one memcpy per sample into a buffer the caller provides
 (a fresh array, or a ring slot).  CPU torch tensors take the same path, as
 arrays on their memory; torch is never imported here, only found once the
 caller has imported it.
+
+Token batches of language models (:func:`token_batch`) are laid out here too:
+one nogil pass per row widens the tokens of a memory-mapped file into the
+slot and writes the labels, positions and segment starts beside them.
 """
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_RECORDS_RO, PyBUF_RECORDS, PyBUF_WRITABLE, PyBUF_C_CONTIGUOUS
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
@@ -977,11 +981,12 @@ cdef void _piece(_Rows *o, const char *src, int code, Py_ssize_t avail, Py_ssize
 cdef void _check_out(object arr, Py_buffer *b, Py_ssize_t rows, Py_ssize_t width, int ndim,
                      Py_ssize_t itemsize, str name) except *:
     PyObject_GetBuffer(arr, b, PyBUF_RECORDS | PyBUF_C_CONTIGUOUS)
-    if b.ndim != ndim or b.itemsize != itemsize or (ndim >= 1 and b.shape[0] != rows) \
-            or (ndim == 2 and b.shape[1] != width):
+    if b.ndim != ndim or _token_code(b) != (T_I64 if itemsize == 8 else T_I32) \
+            or (ndim >= 1 and b.shape[0] != rows) or (ndim == 2 and b.shape[1] != width):
+        fmt = b.format
         PyBuffer_Release(b)
-        raise ValueError(f"token_batch: alloc gave {name} of {b.ndim} dimensions and "
-                         f"{b.itemsize}-byte items; expected the shape and type asked for")
+        raise ValueError(f"token_batch: alloc gave {name} of {b.ndim} dimensions and format "
+                         f"{fmt!r}; expected the shape and type asked for (int{itemsize * 8})")
 
 
 def token_batch(list srcs, const int64_t[::1] piece_row, const int64_t[::1] piece_len,
