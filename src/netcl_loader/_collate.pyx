@@ -780,209 +780,67 @@ def gather_rows(src, indices, out):
 
 # -- token rows: the layout of language-model batches ---------------------------------------
 #
-# A batch of token rows is laid out from pieces of token streams: piece i is
-# ``piece_len[i]`` tokens of ``srcs[i]`` (a 1-D integer array: a view of a
-# memory-mapped token file, or tokens read from a cached copy), placed back to
-# back in row ``piece_row[i]``; the rest of each row is padding.  A segment is
-# a document's part in a row, or a row's padding: every piece starts one, and
-# so does every document end ``e`` in ``ends`` with ``pos < e < pos + len``
-# (``pos``: the piece's position in its stream).  One pass per piece writes
-# input_ids (converted to int64), labels, position_ids and the segments' starts
-# (cu_seqlens).
+# The algorithm is csrc/netcl_tokens.h (one pass per piece, no allocation);
+# here the pieces are checked, the segments counted, the arrays asked of the
+# caller's alloc and the sources' buffers held while it runs without the GIL.
+
+cdef extern from "netcl_tokens.h" nogil:
+    ctypedef enum netcl_token_type:
+        NETCL_TOK_U8, NETCL_TOK_I8, NETCL_TOK_U16, NETCL_TOK_I16, NETCL_TOK_U32, NETCL_TOK_I32,
+        NETCL_TOK_I64
+    ctypedef struct netcl_token_rows:
+        int64_t *ids
+        int64_t *labels
+        int64_t *pos
+        int32_t *cu
+        Py_ssize_t rows, width, cu_room
+        const int64_t *ends
+        Py_ssize_t n_ends
+        int64_t pad_id
+        int shift
+        Py_ssize_t row, col, segments, max_len
+    Py_ssize_t netcl_tokens_segments(const int64_t *ends, Py_ssize_t n_ends, int64_t pos,
+                                     Py_ssize_t n)
+    void netcl_tokens_piece(netcl_token_rows *o, const void *src, int type, Py_ssize_t avail,
+                            Py_ssize_t n, int64_t pos, Py_ssize_t row)
+    Py_ssize_t netcl_tokens_finish(netcl_token_rows *o)
 
 cdef enum:
     # Sources whose buffers are held at once: pieces go through in chunks of
     # this many, so that no call allocates.
     _TOKEN_CHUNK = 64
 
-cdef enum TokenCode:
-    T_U8, T_I8, T_U16, T_I16, T_U32, T_I32, T_I64
-
-cdef int64_t _IGNORE = -100     # PyTorch's cross-entropy ignore_index
 cdef object _np_int64 = np.dtype(np.int64)
 cdef object _np_int32 = np.dtype(np.int32)
 
 
 cdef int _token_code(const Py_buffer *b):
-    """The token type of a 1-D integer buffer, or -1."""
+    """The token type of an integer buffer (netcl_token_type), or -1."""
     cdef const char *f = b.format
     if f == NULL:
-        return T_U8 if b.itemsize == 1 else -1
+        return NETCL_TOK_U8 if b.itemsize == 1 else -1
     if f[0] == b'<' or f[0] == b'=' or f[0] == b'@':
         f += 1
     if f[0] == 0 or f[1] != 0:
         return -1
     if b.itemsize == 1:
-        return T_U8 if f[0] == b'B' else T_I8 if f[0] == b'b' else -1
+        return NETCL_TOK_U8 if f[0] == b'B' else NETCL_TOK_I8 if f[0] == b'b' else -1
     if b.itemsize == 2:
-        return T_U16 if f[0] == b'H' else T_I16 if f[0] == b'h' else -1
+        return NETCL_TOK_U16 if f[0] == b'H' else NETCL_TOK_I16 if f[0] == b'h' else -1
     if b.itemsize == 4:
-        return T_U32 if f[0] == b'I' or f[0] == b'L' else \
-            T_I32 if f[0] == b'i' or f[0] == b'l' else -1
+        return NETCL_TOK_U32 if f[0] == b'I' or f[0] == b'L' else \
+            NETCL_TOK_I32 if f[0] == b'i' or f[0] == b'l' else -1
     if b.itemsize == 8:
-        return T_I64 if f[0] == b'q' or f[0] == b'l' else -1
+        return NETCL_TOK_I64 if f[0] == b'q' or f[0] == b'l' else -1
     return -1
-
-
-ctypedef fused _token_t:
-    uint8_t
-    int8_t
-    uint16_t
-    int16_t
-    uint32_t
-    int32_t
-    int64_t
-
-
-cdef inline int64_t _copy_tokens(const _token_t *s, int64_t *ids, int64_t *lab, Py_ssize_t n,
-                                 bint shift, bint more) noexcept nogil:
-    """``ids[0:n] = s[0:n]`` widened to int64, and ``lab[0:n]`` the same tokens
-    (``shift``: each one's next, read from the source too, so that no store is
-    read back).  Returns the token after the piece when ``more`` (else 0).
-    One loop per token type, which the compiler vectorises."""
-    cdef Py_ssize_t j
-    if shift:
-        for j in range(n - 1):
-            ids[j] = s[j]
-            lab[j] = s[j + 1]
-        ids[n - 1] = s[n - 1]
-    else:
-        for j in range(n):
-            ids[j] = s[j]
-            lab[j] = s[j]
-    return s[n] if more else 0
-
-
-cdef int64_t _copy_piece(const char *src, int code, int64_t *ids, int64_t *lab, Py_ssize_t n,
-                         bint shift, bint more) noexcept nogil:
-    if code == T_U16:
-        return _copy_tokens(<const uint16_t *>src, ids, lab, n, shift, more)
-    if code == T_U32:
-        return _copy_tokens(<const uint32_t *>src, ids, lab, n, shift, more)
-    if code == T_I32:
-        return _copy_tokens(<const int32_t *>src, ids, lab, n, shift, more)
-    if code == T_I64:
-        return _copy_tokens(<const int64_t *>src, ids, lab, n, shift, more)
-    if code == T_U8:
-        return _copy_tokens(<const uint8_t *>src, ids, lab, n, shift, more)
-    if code == T_I8:
-        return _copy_tokens(<const int8_t *>src, ids, lab, n, shift, more)
-    return _copy_tokens(<const int16_t *>src, ids, lab, n, shift, more)
-
-
-cdef inline Py_ssize_t _code_size(int code) noexcept nogil:
-    if code == T_U8 or code == T_I8:
-        return 1
-    if code == T_U16 or code == T_I16:
-        return 2
-    if code == T_U32 or code == T_I32:
-        return 4
-    return 8
-
-
-cdef struct _Rows:
-    int64_t *ids
-    int64_t *labels
-    int64_t *pos
-    Py_ssize_t rows, width
-    const int64_t *ends
-    Py_ssize_t n_ends
-    int64_t pad_id
-    bint shift
-    Py_ssize_t row       # the row being filled (-1 before the first)
-    Py_ssize_t col       # its columns filled so far
-    Py_ssize_t segments
-    Py_ssize_t max_len
-    int32_t *cu          # each segment's start, appended as it is made
-    Py_ssize_t cu_room   # entries of cu (the segments counted first, never more written)
-
-
-cdef inline void _segment(_Rows *o, Py_ssize_t a, Py_ssize_t b) noexcept nogil:
-    """Positions of the segment at flat positions ``a .. b`` (0 up), and the label the
-    boundary takes: labels are shifted, and the token at ``b - 1`` ends its
-    document here, so it predicts nothing; or they are aligned with
-    input_ids (the model shifts), and the segment's first token would be
-    predicted from the one before it, across a boundary."""
-    cdef Py_ssize_t j
-    if o.shift:
-        o.labels[b - 1] = _IGNORE
-    else:
-        o.labels[a] = _IGNORE
-    for j in range(b - a):
-        o.pos[a + j] = j
-    if o.segments < o.cu_room:
-        o.cu[o.segments] = <int32_t>a
-    o.segments += 1
-    if b - a > o.max_len:
-        o.max_len = b - a
-
-
-cdef void _next_row(_Rows *o) noexcept nogil:
-    """Pads the rest of the row being filled (one segment of ``pad_id``, labels -100)
-    and starts the next."""
-    cdef Py_ssize_t a, b, j
-    if o.row >= 0 and o.col < o.width:
-        a = o.row * o.width + o.col
-        b = (o.row + 1) * o.width
-        for j in range(a, b):
-            o.ids[j] = o.pad_id
-            o.labels[j] = _IGNORE
-            o.pos[j] = j - a
-        if o.segments < o.cu_room:
-            o.cu[o.segments] = <int32_t>a
-        o.segments += 1
-        if b - a > o.max_len:
-            o.max_len = b - a
-    o.row += 1
-    o.col = 0
-
-
-cdef Py_ssize_t _first_end_after(const int64_t *ends, Py_ssize_t n_ends, int64_t pos) noexcept nogil:
-    """The first of the sorted ``ends`` above ``pos`` (binary search)."""
-    cdef Py_ssize_t lo = 0, hi = n_ends, mid
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if ends[mid] <= pos:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-cdef void _piece(_Rows *o, const char *src, int code, Py_ssize_t avail, Py_ssize_t n,
-                 int64_t pos, Py_ssize_t row) noexcept nogil:
-    cdef Py_ssize_t base, a, lo, hi
-    cdef int64_t follow
-    cdef bint more
-    while o.row < row:
-        _next_row(o)
-    if n == 0:
-        return
-    base = row * o.width + o.col
-    lo = _first_end_after(o.ends, o.n_ends, pos)
-    hi = lo
-    while hi < o.n_ends and o.ends[hi] < pos + n:
-        hi += 1
-    # The token after the piece is its last one's label when the source holds
-    # it and it continues that token's document (no end at pos + n).
-    more = o.shift and avail > n and not (hi < o.n_ends and o.ends[hi] == pos + n)
-    follow = _copy_piece(src, code, o.ids + base, o.labels + base, n, o.shift, more)
-    a = base
-    while lo < hi:
-        _segment(o, a, base + (o.ends[lo] - pos))
-        a = base + (o.ends[lo] - pos)
-        lo += 1
-    _segment(o, a, base + n)
-    if more:
-        o.labels[base + n - 1] = follow
-    o.col += n
 
 
 cdef void _check_out(object arr, Py_buffer *b, Py_ssize_t rows, Py_ssize_t width, int ndim,
                      Py_ssize_t itemsize, str name) except *:
     PyObject_GetBuffer(arr, b, PyBUF_RECORDS | PyBUF_C_CONTIGUOUS)
-    if b.ndim != ndim or _token_code(b) != (T_I64 if itemsize == 8 else T_I32) \
-            or (ndim >= 1 and b.shape[0] != rows) or (ndim == 2 and b.shape[1] != width):
+    cdef int want = NETCL_TOK_I64 if itemsize == 8 else NETCL_TOK_I32
+    if b.ndim != ndim or _token_code(b) != want or (ndim >= 1 and b.shape[0] != rows) \
+            or (ndim == 2 and b.shape[1] != width):
         fmt = b.format
         PyBuffer_Release(b)
         raise ValueError(f"token_batch: alloc gave {name} of {b.ndim} dimensions and format "
@@ -1030,9 +888,8 @@ def token_batch(list srcs, const int64_t[::1] piece_row, const int64_t[::1] piec
         range, pieces overflowing their row, more tokens than int32
         ``cu_seqlens`` can count.
     """
-    cdef Py_ssize_t P = len(srcs), i, k, done, row, col, segments, lo
-    cdef int64_t e_hi
-    cdef _Rows o
+    cdef Py_ssize_t P = len(srcs), i, k, done, row, col, segments
+    cdef netcl_token_rows o
     cdef Py_buffer views[_TOKEN_CHUNK]
     cdef int codes[_TOKEN_CHUNK]
     cdef Py_buffer ob[5]
@@ -1062,12 +919,7 @@ def token_batch(list srcs, const int64_t[::1] piece_row, const int64_t[::1] piec
             raise ValueError(f"token_batch: the pieces of row {row} hold {col} tokens, more "
                              f"than its {width} columns")
         if piece_len[i]:
-            lo = _first_end_after(o.ends, o.n_ends, piece_pos[i])
-            e_hi = piece_pos[i] + piece_len[i]
-            segments += 1
-            while lo < o.n_ends and o.ends[lo] < e_hi:
-                segments += 1
-                lo += 1
+            segments += netcl_tokens_segments(o.ends, o.n_ends, piece_pos[i], piece_len[i])
     if width:
         segments += (rows - row - 1) + (col < width)
     ids = alloc((rows, width), _np_int64)
@@ -1108,20 +960,18 @@ def token_batch(list srcs, const int64_t[::1] piece_row, const int64_t[::1] piec
                                      f"tokens, fewer than its piece's {piece_len[done + i]}")
             with nogil:
                 for i in range(k):
-                    _piece(&o, <const char *>views[i].buf, codes[i], views[i].shape[0],
-                           piece_len[done + i], piece_pos[done + i], piece_row[done + i])
+                    netcl_tokens_piece(&o, views[i].buf, codes[i], views[i].shape[0],
+                                       piece_len[done + i], piece_pos[done + i],
+                                       piece_row[done + i])
             while held:
                 held -= 1
                 PyBuffer_Release(&views[held])
             done += k
-        if width:
-            with nogil:
-                while o.row < rows:
-                    _next_row(&o)
-        if o.segments != segments:
-            raise RuntimeError(f"token_batch: {o.segments} segments laid out, {segments} "
-                               f"counted (a bug: please report it)")
-        o.cu[o.segments] = <int32_t>(rows * width)
+        with nogil:
+            k = netcl_tokens_finish(&o)
+        if k != segments:
+            raise RuntimeError(f"token_batch: {k} segments laid out, {segments} counted (a "
+                               f"bug: please report it)")
         (<int64_t *>ob[4].buf)[0] = o.max_len
     finally:
         while held:
