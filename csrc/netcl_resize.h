@@ -398,8 +398,9 @@ static inline size_t netcl_resize_work_bytes(int kx, int ky, int out_w, int in_w
 }
 
 #if NETCL_RESIZE_X86
-/* One output pixel from `groups` groups of four taps (a constant in the
- * callers below, so the loop unrolls; taps past count[i] weigh zero).
+/* Output pixel i + j from `groups` groups of four taps (a constant in the
+ * callers below, so the loop unrolls; taps past count[i + j] weigh zero),
+ * where the caller's st = start + i and kt = table + i * groups * 32.
  *
  * Each weight (22 fractional bits, non-negative: the triangle filter) is split
  * as w = (w >> 11) * 2048 + (w & 2047), both halves fit int16, so vpmaddwd
@@ -408,10 +409,10 @@ static inline size_t netcl_resize_work_bytes(int kx, int ky, int out_w, int in_w
  * taps' RGB bytes (12 bytes); one byte shuffle spreads them to 16-bit lanes
  * [R0 R1 G0 G1 B0 B1 0 0 | R2 R3 G2 G3 B2 B3 0 0] against weights
  * [w0 w1 w0 w1 w0 w1 0 0 | w2 w3 w2 w3 w2 w3 0 0]. */
-#define NETCL_RESIZE_HACC(acc, i, groups)                                                    \
+#define NETCL_RESIZE_HACC(acc, j, groups)                                                    \
     do {                                                                                    \
-        const uint8_t *p = src + (size_t)start[i] * 3;                                      \
-        const int16_t *k = table + (size_t)(i) * (size_t)(groups) * 32;                     \
+        const uint8_t *p = src + (ptrdiff_t)st[j] * 3;                                      \
+        const int16_t *k = kt + (size_t)(j) * (size_t)(groups) * 32;                        \
         __m256i hi = _mm256_setzero_si256(), lo = _mm256_setzero_si256();                   \
         for (int g = 0; g < (groups); g++) {                                                \
             __m256i px = _mm256_broadcastsi128_si256(                                       \
@@ -429,8 +430,10 @@ static inline size_t netcl_resize_work_bytes(int kx, int ky, int out_w, int in_w
 #define NETCL_RESIZE_HPAIR(groups)                                                          \
     do {                                                                                    \
         __m256i a0, a1;                                                                     \
-        NETCL_RESIZE_HACC(a0, i, groups);                                                   \
-        NETCL_RESIZE_HACC(a1, i + 1, groups);                                               \
+        const int *st = start + i;                                                          \
+        const int16_t *kt = table + (size_t)i * (size_t)(groups) * 32;                      \
+        NETCL_RESIZE_HACC(a0, 0, groups);                                                   \
+        NETCL_RESIZE_HACC(a1, 1, groups);                                                   \
         __m256i sum = _mm256_add_epi32(_mm256_permute2x128_si256(a0, a1, 0x20),             \
                                        _mm256_permute2x128_si256(a0, a1, 0x31));            \
         sum = _mm256_srai_epi32(_mm256_add_epi32(sum, half), NETCL_RESIZE_BITS);            \
@@ -458,14 +461,16 @@ static inline size_t netcl_resize_work_bytes(int kx, int ky, int out_w, int in_w
 #define NETCL_RESIZE_H8(groups)                                                             \
     do {                                                                                    \
         __m256i a0, a1, a2, a3, a4, a5, a6, a7;                                             \
-        NETCL_RESIZE_HACC(a0, i, groups);                                                   \
-        NETCL_RESIZE_HACC(a1, i + 1, groups);                                               \
-        NETCL_RESIZE_HACC(a2, i + 2, groups);                                               \
-        NETCL_RESIZE_HACC(a3, i + 3, groups);                                               \
-        NETCL_RESIZE_HACC(a4, i + 4, groups);                                               \
-        NETCL_RESIZE_HACC(a5, i + 5, groups);                                               \
-        NETCL_RESIZE_HACC(a6, i + 6, groups);                                               \
-        NETCL_RESIZE_HACC(a7, i + 7, groups);                                               \
+        const int *st = start + i;                                                          \
+        const int16_t *kt = table + (size_t)i * (size_t)(groups) * 32;                      \
+        NETCL_RESIZE_HACC(a0, 0, groups);                                                   \
+        NETCL_RESIZE_HACC(a1, 1, groups);                                                   \
+        NETCL_RESIZE_HACC(a2, 2, groups);                                                   \
+        NETCL_RESIZE_HACC(a3, 3, groups);                                                   \
+        NETCL_RESIZE_HACC(a4, 4, groups);                                                   \
+        NETCL_RESIZE_HACC(a5, 5, groups);                                                   \
+        NETCL_RESIZE_HACC(a6, 6, groups);                                                   \
+        NETCL_RESIZE_HACC(a7, 7, groups);                                                   \
         /* lanes: [p0 p2 p4 p6 | p1 p3 p5 p7], each RGB0 bytes */                           \
         __m256i b8 = _mm256_packus_epi16(                                                   \
             _mm256_packs_epi32(NETCL_RESIZE_FOLD(a0, a1), NETCL_RESIZE_FOLD(a2, a3)),       \
@@ -526,7 +531,9 @@ NETCL_RESIZE_AVX2 static void netcl_resize_hrow_avx2(const netcl_resize_axis *x,
     for (; i + 1 < n; i += 2, o += 2 * step) NETCL_RESIZE_HPAIR(groups);
     if (i < n) { /* an odd width: the last pixel paired with itself */
         __m256i a0;
-        NETCL_RESIZE_HACC(a0, i, groups);
+        const int *st = start + i;
+        const int16_t *kt = table + (size_t)i * (size_t)groups * 32;
+        NETCL_RESIZE_HACC(a0, 0, groups);
         __m256i sum = _mm256_add_epi32(_mm256_permute2x128_si256(a0, a0, 0x20),
                                        _mm256_permute2x128_si256(a0, a0, 0x31));
         sum = _mm256_srai_epi32(_mm256_add_epi32(sum, half), NETCL_RESIZE_BITS);
@@ -537,20 +544,22 @@ NETCL_RESIZE_AVX2 static void netcl_resize_hrow_avx2(const netcl_resize_axis *x,
         d2[o] = (uint8_t)(v0 >> 16);
     }
 }
-/* Two output pixels i, i + 1 of a row where no pixel has more than two taps
- * (every enlargement: the triangle's support is then one sample), one pixel
- * per 128-bit lane. Each lane loads its window's 8 bytes (two pixels used,
- * [R0 G0 B0 R1 G1 B1]), spreads them to 16-bit [R0 R1 G0 G1 B0 B1 0 0], and
- * one vpmaddwd per weight half gives each channel's whole two-tap sum: no
- * folding across lanes. Result lanes: [R G B 0 | R G B 0] int32, rounded. */
-#define NETCL_RESIZE_H2ACC(acc, i, i1)                                                        \
+/* Two output pixels i + j, i + j1 (the caller's st = start + i and
+ * kt = table + i * 16; j1 = j + 1, or j for an odd last pixel) of a row where
+ * no pixel has more than two taps (every enlargement: the triangle's support
+ * is then one sample), one pixel per 128-bit lane. Each lane loads its
+ * window's 8 bytes (two pixels used, [R0 G0 B0 R1 G1 B1]), spreads them to
+ * 16-bit [R0 R1 G0 G1 B0 B1 0 0], and one vpmaddwd per weight half gives each
+ * channel's whole two-tap sum: no folding across lanes. Result lanes:
+ * [R G B 0 | R G B 0] int32, rounded. */
+#define NETCL_RESIZE_H2ACC(acc, j, j1)                                                        \
     do {                                                                                    \
-        const __m128i p0 = _mm_loadl_epi64((const __m128i *)(const void *)(src + (size_t)start[i] * 3)); \
-        const __m128i p1 = _mm_loadl_epi64(                                                 \
-            (const __m128i *)(const void *)(src + (size_t)start[i1] * 3));                    \
+        const uint8_t *q0 = src + (ptrdiff_t)st[j] * 3, *q1 = src + (ptrdiff_t)st[j1] * 3;  \
+        const __m128i p0 = _mm_loadl_epi64((const __m128i *)(const void *)q0);              \
+        const __m128i p1 = _mm_loadl_epi64((const __m128i *)(const void *)q1);              \
         const __m256i px = _mm256_shuffle_epi8(                                             \
             _mm256_inserti128_si256(_mm256_castsi128_si256(p0), p1, 1), spread);            \
-        const __m256i *w = (const __m256i *)(const void *)(table + (size_t)(i) * 16);       \
+        const __m256i *w = (const __m256i *)(const void *)(kt + (size_t)(j) * 16);          \
         const __m256i hi = _mm256_madd_epi16(px, _mm256_loadu_si256(w));                   \
         const __m256i lo = _mm256_madd_epi16(px, _mm256_loadu_si256(w + 1));               \
         acc = _mm256_srai_epi32(                                                            \
@@ -583,10 +592,12 @@ NETCL_RESIZE_AVX2 static void netcl_resize_hrow2_avx2(const netcl_resize_axis *x
     int i = 0;
     for (; i + 8 <= n; i += 8) {
         __m256i a01, a23, a45, a67;
-        NETCL_RESIZE_H2ACC(a01, i, i + 1);
-        NETCL_RESIZE_H2ACC(a23, i + 2, i + 3);
-        NETCL_RESIZE_H2ACC(a45, i + 4, i + 5);
-        NETCL_RESIZE_H2ACC(a67, i + 6, i + 7);
+        const int *st = start + i;
+        const int16_t *kt = table + (size_t)i * 16;
+        NETCL_RESIZE_H2ACC(a01, 0, 1);
+        NETCL_RESIZE_H2ACC(a23, 2, 3);
+        NETCL_RESIZE_H2ACC(a45, 4, 5);
+        NETCL_RESIZE_H2ACC(a67, 6, 7);
         /* lanes: [p0 p2 p4 p6 | p1 p3 p5 p7], each RGB0 bytes (as NETCL_RESIZE_H8) */
         __m256i b8 = _mm256_packus_epi16(_mm256_packs_epi32(a01, a23),
                                          _mm256_packs_epi32(a45, a67));
@@ -605,7 +616,9 @@ NETCL_RESIZE_AVX2 static void netcl_resize_hrow2_avx2(const netcl_resize_axis *x
     }
     for (; i < n; i += 2) { /* the last pixels, a pair at a time (an odd one alone) */
         __m256i a;
-        NETCL_RESIZE_H2ACC(a, i, i + 1 < n ? i + 1 : i);
+        const int *st = start + i;
+        const int16_t *kt = table + (size_t)i * 16;
+        NETCL_RESIZE_H2ACC(a, 0, i + 1 < n ? 1 : 0);
         a = _mm256_packus_epi16(_mm256_packs_epi32(a, a), a);
         const uint32_t v0 = (uint32_t)_mm256_cvtsi256_si32(a);
         const ptrdiff_t o = flip ? n - 1 - i : i;
@@ -702,7 +715,8 @@ NETCL_RESIZE_AVX2 static void netcl_resize_vrow_avx2(const netcl_resize_axis *y,
         const size_t co = (size_t)c * (size_t)out_w;
         const ptrdiff_t at = (ptrdiff_t)c * plane + (ptrdiff_t)i * row;
         const float *table = lut == NULL ? NULL : lut + (size_t)c * NETCL_RESIZE_LUT_SIZE;
-        const float *norm = lut == NULL ? NULL : lut + NETCL_RESIZE_CHANNELS * NETCL_RESIZE_LUT_SIZE;
+        const float *norm =
+            lut == NULL ? NULL : lut + NETCL_RESIZE_CHANNELS * NETCL_RESIZE_LUT_SIZE;
         const __m256 f255 = _mm256_set1_ps(255.0f);
         const __m256 fmean = _mm256_set1_ps(norm == NULL ? 0.0f : norm[c]);
         const __m256 fstd = _mm256_set1_ps(norm == NULL ? 1.0f : norm[NETCL_RESIZE_CHANNELS + c]);
