@@ -642,7 +642,7 @@ NETCL_RESIZE_AVX2 static void netcl_resize_hrow2_avx2(const netcl_resize_axis *x
 /* Sixteen output samples at w of one channel's row, from `pairs` pairs of
  * ring rows (a constant in the callers: the loop unrolls): the weights' high
  * and low halves multiplied by the interleaved rows with vpmaddwd, summed,
- * rounded, and stored as uint8, or as float32 through `table`. The sums are
+ * rounded, and stored as uint8, or with `to_float` as float32 normalised. The sums are
  * never negative (non-negative weights times bytes, plus one half), so only
  * the top is clamped. */
 /* table[v] for eight int32 v in 0..255, computed as the table was built:
@@ -651,7 +651,7 @@ NETCL_RESIZE_AVX2 static void netcl_resize_hrow2_avx2(const netcl_resize_axis *x
 #define NETCL_RESIZE_NORMALISE(v) \
     _mm256_div_ps(_mm256_sub_ps(_mm256_div_ps(_mm256_cvtepi32_ps(v), f255), fmean), fstd)
 
-#define NETCL_RESIZE_V16(pairs)                                                                 \
+#define NETCL_RESIZE_V16(pairs, to_float)                                                              \
     do {                                                                                        \
         __m256i h0 = _mm256_setzero_si256(), l0 = h0, h1 = h0, l1 = h0;                         \
         for (int q = 0; q < (pairs); q++) {                                                     \
@@ -668,7 +668,7 @@ NETCL_RESIZE_AVX2 static void netcl_resize_hrow2_avx2(const netcl_resize_axis *x
         __m256i s1 = _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(h1, 11), l1), half);   \
         s0 = _mm256_srai_epi32(s0, NETCL_RESIZE_BITS);                                          \
         s1 = _mm256_srai_epi32(s1, NETCL_RESIZE_BITS);                                          \
-        if (table == NULL) {                                                                    \
+        if (!(to_float)) {                                                                      \
             /* packs works per 128-bit lane: put the 16 values back in order. */                \
             __m256i p16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(s0, s1), 0xD8);           \
             __m256i p8 = _mm256_permute4x64_epi64(_mm256_packus_epi16(p16, p16), 0x08);         \
@@ -722,16 +722,23 @@ NETCL_RESIZE_AVX2 static void netcl_resize_vrow_avx2(const netcl_resize_axis *y,
         const __m256 fstd = _mm256_set1_ps(norm == NULL ? 1.0f : norm[NETCL_RESIZE_CHANNELS + c]);
         int w = 0;
         /* Constant pair counts for the usual cases (enlarging: 1; shrinking
-         * up to 2x: 2) so that the tap loop unrolls. */
-        switch (pairs) {
-        case 1:
-            for (; w + 16 <= out_w; w += 16) NETCL_RESIZE_V16(1);
-            break;
+         * up to 2x: 2) so that the tap loop unrolls, and the output type
+         * chosen outside the loop. */
+        switch (pairs * 2 + (table != NULL)) {
         case 2:
-            for (; w + 16 <= out_w; w += 16) NETCL_RESIZE_V16(2);
+            for (; w + 16 <= out_w; w += 16) NETCL_RESIZE_V16(1, 0);
+            break;
+        case 3:
+            for (; w + 16 <= out_w; w += 16) NETCL_RESIZE_V16(1, 1);
+            break;
+        case 4:
+            for (; w + 16 <= out_w; w += 16) NETCL_RESIZE_V16(2, 0);
+            break;
+        case 5:
+            for (; w + 16 <= out_w; w += 16) NETCL_RESIZE_V16(2, 1);
             break;
         default:
-            for (; w + 16 <= out_w; w += 16) NETCL_RESIZE_V16(pairs);
+            for (; w + 16 <= out_w; w += 16) NETCL_RESIZE_V16(pairs, table != NULL);
             break;
         }
         for (; w + 8 <= out_w; w += 8) {
