@@ -642,7 +642,8 @@ NETCL_RESIZE_AVX2 static void netcl_resize_hrow2_avx2(const netcl_resize_axis *x
 /* Sixteen output samples at w of one channel's row, from `pairs` pairs of
  * ring rows (a constant in the callers: the loop unrolls): the weights' high
  * and low halves multiplied by the interleaved rows with vpmaddwd, summed,
- * rounded, and stored as uint8, or with `to_float` as float32 normalised. The sums are
+ * rounded, and stored as uint8 (`to_float` 0), or as float32 normalised (1)
+ * or on the 0-1 scale (2). The sums are
  * never negative (non-negative weights times bytes, plus one half), so only
  * the top is clamped. */
 /* table[v] for eight int32 v in 0..255, computed as the table was built:
@@ -650,8 +651,11 @@ NETCL_RESIZE_AVX2 static void netcl_resize_hrow2_avx2(const netcl_resize_axis *x
  * IEEE operations, no contraction in intrinsics: the same bits). */
 #define NETCL_RESIZE_NORMALISE(v) \
     _mm256_div_ps(_mm256_sub_ps(_mm256_div_ps(_mm256_cvtepi32_ps(v), f255), fmean), fstd)
+/* The same where mean is 0 and std 1 (the 0-1 scale): x - 0 and x / 1 give x
+ * back exactly, so the division by 255 alone gives the table's bits. */
+#define NETCL_RESIZE_SCALE01(v) _mm256_div_ps(_mm256_cvtepi32_ps(v), f255)
 
-#define NETCL_RESIZE_V16(pairs, to_float)                                                              \
+#define NETCL_RESIZE_V16(pairs, to_float)                                                       \
     do {                                                                                        \
         __m256i h0 = _mm256_setzero_si256(), l0 = h0, h1 = h0, l1 = h0;                         \
         for (int q = 0; q < (pairs); q++) {                                                     \
@@ -677,8 +681,13 @@ NETCL_RESIZE_AVX2 static void netcl_resize_hrow2_avx2(const netcl_resize_axis *x
         } else {                                                                                \
             s0 = _mm256_min_epi32(s0, top);                                                     \
             s1 = _mm256_min_epi32(s1, top);                                                     \
-            _mm256_storeu_ps((float *)dst + at + w, NETCL_RESIZE_NORMALISE(s0));                \
-            _mm256_storeu_ps((float *)dst + at + w + 8, NETCL_RESIZE_NORMALISE(s1));            \
+            if ((to_float) == 2) {                                                              \
+                _mm256_storeu_ps((float *)dst + at + w, NETCL_RESIZE_SCALE01(s0));              \
+                _mm256_storeu_ps((float *)dst + at + w + 8, NETCL_RESIZE_SCALE01(s1));          \
+            } else {                                                                            \
+                _mm256_storeu_ps((float *)dst + at + w, NETCL_RESIZE_NORMALISE(s0));            \
+                _mm256_storeu_ps((float *)dst + at + w + 8, NETCL_RESIZE_NORMALISE(s1));        \
+            }                                                                                   \
         }                                                                                       \
     } while (0)
 
@@ -722,23 +731,32 @@ NETCL_RESIZE_AVX2 static void netcl_resize_vrow_avx2(const netcl_resize_axis *y,
         const __m256 fstd = _mm256_set1_ps(norm == NULL ? 1.0f : norm[NETCL_RESIZE_CHANNELS + c]);
         int w = 0;
         /* Constant pair counts for the usual cases (enlarging: 1; shrinking
-         * up to 2x: 2) so that the tap loop unrolls, and the output type
-         * chosen outside the loop. */
-        switch (pairs * 2 + (table != NULL)) {
-        case 2:
+         * up to 2x: 2) so that the tap loop unrolls, and the output kind
+         * chosen outside the loop: uint8 (0), normalised float32 (1), or
+         * float32 on the 0-1 scale (2: mean 0 and std 1). */
+        const int kind = table == NULL ? 0
+                         : (norm[c] == 0.0f && norm[NETCL_RESIZE_CHANNELS + c] == 1.0f ? 2 : 1);
+        switch (pairs * 4 + kind) {
+        case 4:
             for (; w + 16 <= out_w; w += 16) NETCL_RESIZE_V16(1, 0);
             break;
-        case 3:
+        case 5:
             for (; w + 16 <= out_w; w += 16) NETCL_RESIZE_V16(1, 1);
             break;
-        case 4:
+        case 6:
+            for (; w + 16 <= out_w; w += 16) NETCL_RESIZE_V16(1, 2);
+            break;
+        case 8:
             for (; w + 16 <= out_w; w += 16) NETCL_RESIZE_V16(2, 0);
             break;
-        case 5:
+        case 9:
             for (; w + 16 <= out_w; w += 16) NETCL_RESIZE_V16(2, 1);
             break;
+        case 10:
+            for (; w + 16 <= out_w; w += 16) NETCL_RESIZE_V16(2, 2);
+            break;
         default:
-            for (; w + 16 <= out_w; w += 16) NETCL_RESIZE_V16(pairs, table != NULL);
+            for (; w + 16 <= out_w; w += 16) NETCL_RESIZE_V16(pairs, kind);
             break;
         }
         for (; w + 8 <= out_w; w += 8) {
@@ -774,6 +792,7 @@ NETCL_RESIZE_AVX2 static void netcl_resize_vrow_avx2(const netcl_resize_axis *y,
 }
 #undef NETCL_RESIZE_V16
 #undef NETCL_RESIZE_NORMALISE
+#undef NETCL_RESIZE_SCALE01
 #endif /* NETCL_RESIZE_X86 */
 
 /* Streaming state: feed source rows y->first, y->first + 1, ... in order. */
