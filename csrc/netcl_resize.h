@@ -639,13 +639,6 @@ NETCL_RESIZE_AVX2 static void netcl_resize_hrow2_avx2(const netcl_resize_axis *x
 #undef NETCL_RESIZE_HPAIR
 #undef NETCL_RESIZE_HACC
 
-/* Sixteen output samples at w of one channel's row, from `pairs` pairs of
- * ring rows (a constant in the callers: the loop unrolls): the weights' high
- * and low halves multiplied by the interleaved rows with vpmaddwd, summed,
- * rounded, and stored as uint8 (`to_float` 0), or as float32 normalised (1)
- * or on the 0-1 scale (2). The sums are
- * never negative (non-negative weights times bytes, plus one half), so only
- * the top is clamped. */
 /* table[v] for eight int32 v in 0..255, computed as the table was built:
  * ((float)v / 255 - mean) / std, each operation rounded to float32 (exact
  * IEEE operations, no contraction in intrinsics: the same bits). */
@@ -655,6 +648,12 @@ NETCL_RESIZE_AVX2 static void netcl_resize_hrow2_avx2(const netcl_resize_axis *x
  * back exactly, so the division by 255 alone gives the table's bits. */
 #define NETCL_RESIZE_SCALE01(v) _mm256_div_ps(_mm256_cvtepi32_ps(v), f255)
 
+/* Sixteen output samples at w of one channel's row, from `pairs` pairs of
+ * ring rows (a constant in the callers: the loop unrolls): the weights' high
+ * and low halves multiplied by the interleaved rows with vpmaddwd, summed,
+ * rounded, and stored as uint8 (`to_float` 0), or as float32 normalised (1)
+ * or on the 0-1 scale (2). The sums are never negative (non-negative weights
+ * times bytes, plus one half), so only the top is clamped. */
 #define NETCL_RESIZE_V16(pairs, to_float)                                                       \
     do {                                                                                        \
         __m256i h0 = _mm256_setzero_si256(), l0 = h0, h1 = h0, l1 = h0;                         \
