@@ -87,7 +87,7 @@ int netcl_jpeg_exif_orientation(const uint8_t *data, size_t size);
  * the box out, then resizing it: torchvision's RandomResizedCrop); without,
  * it reads the box's neighbours too (Pillow's resize with a box: what
  * torchvision's Resize then CenterCrop give). `out` is
- * (3, out_h, out_w), float32 through `lut` (3 x 256 entries,
+ * (3, out_h, out_w), float32 through `lut` (NETCL_RESIZE_LUT_FLOATS floats,
  * netcl_resize_build_lut) or uint8 when `lut` is NULL, element (c, i, w) at
  * out[c * out_plane + i * out_row + w] (strides in elements: out_w and
  * out_h * out_w when C-contiguous; larger for a sub-rectangle of a padded

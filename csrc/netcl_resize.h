@@ -221,13 +221,23 @@ static inline uint8_t netcl_resize_clip(int32_t sum) {
     return (uint8_t)(v < 0 ? 0 : (v > 255 ? 255 : v));
 }
 
+/* Floats of the table for float32 output: 256 entries per channel, then the
+ * three means and the three standard deviations it was built from. */
+#define NETCL_RESIZE_LUT_FLOATS \
+    (NETCL_RESIZE_CHANNELS * NETCL_RESIZE_LUT_SIZE + 2 * NETCL_RESIZE_CHANNELS)
+
 /* The table for float32 output: lut[c * 256 + v] = (v / 255 - mean[c]) / std[c]
- * in float32, the order of operations of ToTensor then Normalize. */
+ * in float32, the order of operations of ToTensor then Normalize; then
+ * mean[0..2] and std[0..2], from which the vector path computes the same
+ * values with the same three IEEE operations (a table read by a gather is
+ * slower than the division). NETCL_RESIZE_LUT_FLOATS floats. */
 static inline void netcl_resize_build_lut(const float *mean, const float *std, float *lut) {
     for (int c = 0; c < NETCL_RESIZE_CHANNELS; c++) {
         for (int v = 0; v < NETCL_RESIZE_LUT_SIZE; v++) {
             lut[c * NETCL_RESIZE_LUT_SIZE + v] = ((float)v / 255.0f - mean[c]) / std[c];
         }
+        lut[NETCL_RESIZE_CHANNELS * NETCL_RESIZE_LUT_SIZE + c] = mean[c];
+        lut[NETCL_RESIZE_CHANNELS * NETCL_RESIZE_LUT_SIZE + NETCL_RESIZE_CHANNELS + c] = std[c];
     }
 }
 
@@ -304,9 +314,10 @@ static inline void netcl_resize_vrow(const netcl_resize_axis *y, int i, const ui
  * arithmetic, eight int32 lanes at a time, so results are bit-identical to
  * the scalar code. Horizontally, two taps of packed RGB at once: bytes
  * R0 G0 B0 R1 G1 B1 are spread to lanes [R0 G0 B0 0 R1 G1 B1 0] and
- * multiplied by [k0 k0 k0 0 k1 k1 k1 0] from a pre-expanded table.
- * Vertically, eight output samples at a time, the normalisation table read
- * with a gather. */
+ * multiplied by [k0 k0 k0 0 k1 k1 k1 0] from a pre-expanded table (two
+ * output pixels per register where no pixel has more than two taps).
+ * Vertically, sixteen output samples at a time, the float32 normalisation
+ * computed with the table's own three operations. */
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define NETCL_RESIZE_X86 1
@@ -387,8 +398,9 @@ static inline size_t netcl_resize_work_bytes(int kx, int ky, int out_w, int in_w
 }
 
 #if NETCL_RESIZE_X86
-/* One output pixel from `groups` groups of four taps (a constant in the
- * callers below, so the loop unrolls; taps past count[i] weigh zero).
+/* Output pixel i + j from `groups` groups of four taps (a constant in the
+ * callers below, so the loop unrolls; taps past count[i + j] weigh zero),
+ * where the caller's st = start + i and kt = table + i * groups * 32.
  *
  * Each weight (22 fractional bits, non-negative: the triangle filter) is split
  * as w = (w >> 11) * 2048 + (w & 2047), both halves fit int16, so vpmaddwd
@@ -397,10 +409,10 @@ static inline size_t netcl_resize_work_bytes(int kx, int ky, int out_w, int in_w
  * taps' RGB bytes (12 bytes); one byte shuffle spreads them to 16-bit lanes
  * [R0 R1 G0 G1 B0 B1 0 0 | R2 R3 G2 G3 B2 B3 0 0] against weights
  * [w0 w1 w0 w1 w0 w1 0 0 | w2 w3 w2 w3 w2 w3 0 0]. */
-#define NETCL_RESIZE_HACC(acc, i, groups)                                                    \
+#define NETCL_RESIZE_HACC(acc, j, groups)                                                    \
     do {                                                                                    \
-        const uint8_t *p = src + (size_t)start[i] * 3;                                      \
-        const int16_t *k = table + (size_t)(i) * (size_t)(groups) * 32;                     \
+        const uint8_t *p = src + (ptrdiff_t)st[j] * 3;                                      \
+        const int16_t *k = kt + (size_t)(j) * (size_t)(groups) * 32;                        \
         __m256i hi = _mm256_setzero_si256(), lo = _mm256_setzero_si256();                   \
         for (int g = 0; g < (groups); g++) {                                                \
             __m256i px = _mm256_broadcastsi128_si256(                                       \
@@ -418,8 +430,10 @@ static inline size_t netcl_resize_work_bytes(int kx, int ky, int out_w, int in_w
 #define NETCL_RESIZE_HPAIR(groups)                                                          \
     do {                                                                                    \
         __m256i a0, a1;                                                                     \
-        NETCL_RESIZE_HACC(a0, i, groups);                                                   \
-        NETCL_RESIZE_HACC(a1, i + 1, groups);                                               \
+        const int *st = start + i;                                                          \
+        const int16_t *kt = table + (size_t)i * (size_t)(groups) * 32;                      \
+        NETCL_RESIZE_HACC(a0, 0, groups);                                                   \
+        NETCL_RESIZE_HACC(a1, 1, groups);                                                   \
         __m256i sum = _mm256_add_epi32(_mm256_permute2x128_si256(a0, a1, 0x20),             \
                                        _mm256_permute2x128_si256(a0, a1, 0x31));            \
         sum = _mm256_srai_epi32(_mm256_add_epi32(sum, half), NETCL_RESIZE_BITS);            \
@@ -447,14 +461,16 @@ static inline size_t netcl_resize_work_bytes(int kx, int ky, int out_w, int in_w
 #define NETCL_RESIZE_H8(groups)                                                             \
     do {                                                                                    \
         __m256i a0, a1, a2, a3, a4, a5, a6, a7;                                             \
-        NETCL_RESIZE_HACC(a0, i, groups);                                                   \
-        NETCL_RESIZE_HACC(a1, i + 1, groups);                                               \
-        NETCL_RESIZE_HACC(a2, i + 2, groups);                                               \
-        NETCL_RESIZE_HACC(a3, i + 3, groups);                                               \
-        NETCL_RESIZE_HACC(a4, i + 4, groups);                                               \
-        NETCL_RESIZE_HACC(a5, i + 5, groups);                                               \
-        NETCL_RESIZE_HACC(a6, i + 6, groups);                                               \
-        NETCL_RESIZE_HACC(a7, i + 7, groups);                                               \
+        const int *st = start + i;                                                          \
+        const int16_t *kt = table + (size_t)i * (size_t)(groups) * 32;                      \
+        NETCL_RESIZE_HACC(a0, 0, groups);                                                   \
+        NETCL_RESIZE_HACC(a1, 1, groups);                                                   \
+        NETCL_RESIZE_HACC(a2, 2, groups);                                                   \
+        NETCL_RESIZE_HACC(a3, 3, groups);                                                   \
+        NETCL_RESIZE_HACC(a4, 4, groups);                                                   \
+        NETCL_RESIZE_HACC(a5, 5, groups);                                                   \
+        NETCL_RESIZE_HACC(a6, 6, groups);                                                   \
+        NETCL_RESIZE_HACC(a7, 7, groups);                                                   \
         /* lanes: [p0 p2 p4 p6 | p1 p3 p5 p7], each RGB0 bytes */                           \
         __m256i b8 = _mm256_packus_epi16(                                                   \
             _mm256_packs_epi32(NETCL_RESIZE_FOLD(a0, a1), NETCL_RESIZE_FOLD(a2, a3)),       \
@@ -515,7 +531,9 @@ NETCL_RESIZE_AVX2 static void netcl_resize_hrow_avx2(const netcl_resize_axis *x,
     for (; i + 1 < n; i += 2, o += 2 * step) NETCL_RESIZE_HPAIR(groups);
     if (i < n) { /* an odd width: the last pixel paired with itself */
         __m256i a0;
-        NETCL_RESIZE_HACC(a0, i, groups);
+        const int *st = start + i;
+        const int16_t *kt = table + (size_t)i * (size_t)groups * 32;
+        NETCL_RESIZE_HACC(a0, 0, groups);
         __m256i sum = _mm256_add_epi32(_mm256_permute2x128_si256(a0, a0, 0x20),
                                        _mm256_permute2x128_si256(a0, a0, 0x31));
         sum = _mm256_srai_epi32(_mm256_add_epi32(sum, half), NETCL_RESIZE_BITS);
@@ -526,10 +544,151 @@ NETCL_RESIZE_AVX2 static void netcl_resize_hrow_avx2(const netcl_resize_axis *x,
         d2[o] = (uint8_t)(v0 >> 16);
     }
 }
+/* Two output pixels i + j, i + j1 (the caller's st = start + i and
+ * kt = table + i * 16; j1 = j + 1, or j for an odd last pixel) of a row where
+ * no pixel has more than two taps (every enlargement: the triangle's support
+ * is then one sample), one pixel per 128-bit lane. Each lane loads its
+ * window's 8 bytes (two pixels used, [R0 G0 B0 R1 G1 B1]), spreads them to
+ * 16-bit [R0 R1 G0 G1 B0 B1 0 0], and one vpmaddwd per weight half gives each
+ * channel's whole two-tap sum: no folding across lanes. Result lanes:
+ * [R G B 0 | R G B 0] int32, rounded. */
+#define NETCL_RESIZE_H2ACC(acc, j, j1)                                                        \
+    do {                                                                                    \
+        const uint8_t *q0 = src + (ptrdiff_t)st[j] * 3, *q1 = src + (ptrdiff_t)st[j1] * 3;  \
+        const __m128i p0 = _mm_loadl_epi64((const __m128i *)(const void *)q0);              \
+        const __m128i p1 = _mm_loadl_epi64((const __m128i *)(const void *)q1);              \
+        const __m256i px = _mm256_shuffle_epi8(                                             \
+            _mm256_inserti128_si256(_mm256_castsi128_si256(p0), p1, 1), spread);            \
+        const __m256i *w = (const __m256i *)(const void *)(kt + (size_t)(j) * 16);          \
+        const __m256i hi = _mm256_madd_epi16(px, _mm256_loadu_si256(w));                   \
+        const __m256i lo = _mm256_madd_epi16(px, _mm256_loadu_si256(w + 1));               \
+        acc = _mm256_srai_epi32(                                                            \
+            _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(hi, 11), lo), half),        \
+            NETCL_RESIZE_BITS);                                                             \
+    } while (0)
+
+/* The horizontal pass where every pixel has at most two taps (the stream's
+ * groups == 0): the table holds, per pair of output pixels (i even), 16 high
+ * halves then 16 low halves, pixel i's [k0 k1 k0 k1 k0 k1 0 0] in the low
+ * lane and pixel i + 1's in the high one (zero past the last pixel). Reads 8
+ * bytes from a pixel window's start (see NETCL_RESIZE_PAD). About half the
+ * work of the four-tap groups, which spend half their lanes on zero weights
+ * and fold two lanes per pixel. */
+NETCL_RESIZE_AVX2 static void netcl_resize_hrow2_avx2(const netcl_resize_axis *x,
+                                                      const int16_t *table,
+                                                      const uint8_t *src, int flip,
+                                                      uint8_t *dst) {
+    const int n = x->out_size;
+    const int *start = x->start;
+    uint8_t *d0 = dst, *d1 = dst + n, *d2 = dst + 2 * (size_t)n;
+    const __m256i spread = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1,
+                                            -1, -1, 0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1,
+                                            -1, -1, -1, -1);
+    const __m256i half = _mm256_set1_epi32(NETCL_RESIZE_HALF);
+    const __m256i planes = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11,
+                                            15, 0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7,
+                                            11, 15);
+    const __m128i reverse = _mm_setr_epi8(7, 6, 5, 4, 3, 2, 1, 0, 15, 14, 13, 12, 11, 10, 9, 8);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i a01, a23, a45, a67;
+        const int *st = start + i;
+        const int16_t *kt = table + (size_t)i * 16;
+        NETCL_RESIZE_H2ACC(a01, 0, 1);
+        NETCL_RESIZE_H2ACC(a23, 2, 3);
+        NETCL_RESIZE_H2ACC(a45, 4, 5);
+        NETCL_RESIZE_H2ACC(a67, 6, 7);
+        /* lanes: [p0 p2 p4 p6 | p1 p3 p5 p7], each RGB0 bytes (as NETCL_RESIZE_H8) */
+        __m256i b8 = _mm256_packus_epi16(_mm256_packs_epi32(a01, a23),
+                                         _mm256_packs_epi32(a45, a67));
+        b8 = _mm256_shuffle_epi8(b8, planes);
+        __m128i even = _mm256_castsi256_si128(b8), odd = _mm256_extracti128_si256(b8, 1);
+        __m128i rg = _mm_unpacklo_epi8(even, odd); /* R0..R7 G0..G7 */
+        __m128i bx = _mm_unpackhi_epi8(even, odd); /* B0..B7 */
+        if (flip) {
+            rg = _mm_shuffle_epi8(rg, reverse);
+            bx = _mm_shuffle_epi8(bx, reverse);
+        }
+        const ptrdiff_t at = flip ? n - 8 - i : i;
+        _mm_storel_epi64((__m128i *)(void *)(d0 + at), rg);
+        _mm_storel_epi64((__m128i *)(void *)(d1 + at), _mm_srli_si128(rg, 8));
+        _mm_storel_epi64((__m128i *)(void *)(d2 + at), bx);
+    }
+    for (; i < n; i += 2) { /* the last pixels, a pair at a time (an odd one alone) */
+        __m256i a;
+        const int *st = start + i;
+        const int16_t *kt = table + (size_t)i * 16;
+        NETCL_RESIZE_H2ACC(a, 0, i + 1 < n ? 1 : 0);
+        a = _mm256_packus_epi16(_mm256_packs_epi32(a, a), a);
+        const uint32_t v0 = (uint32_t)_mm256_cvtsi256_si32(a);
+        const ptrdiff_t o = flip ? n - 1 - i : i;
+        d0[o] = (uint8_t)v0;
+        d1[o] = (uint8_t)(v0 >> 8);
+        d2[o] = (uint8_t)(v0 >> 16);
+        if (i + 1 < n) {
+            const uint32_t v1 = (uint32_t)_mm_cvtsi128_si32(_mm256_extracti128_si256(a, 1));
+            d0[o - (flip ? 1 : -1)] = (uint8_t)v1;
+            d1[o - (flip ? 1 : -1)] = (uint8_t)(v1 >> 8);
+            d2[o - (flip ? 1 : -1)] = (uint8_t)(v1 >> 16);
+        }
+    }
+}
+#undef NETCL_RESIZE_H2ACC
 #undef NETCL_RESIZE_H8
 #undef NETCL_RESIZE_FOLD
 #undef NETCL_RESIZE_HPAIR
 #undef NETCL_RESIZE_HACC
+
+/* table[v] for eight int32 v in 0..255, computed as the table was built:
+ * ((float)v / 255 - mean) / std, each operation rounded to float32 (exact
+ * IEEE operations, no contraction in intrinsics: the same bits). */
+#define NETCL_RESIZE_NORMALISE(v) \
+    _mm256_div_ps(_mm256_sub_ps(_mm256_div_ps(_mm256_cvtepi32_ps(v), f255), fmean), fstd)
+/* The same where mean is 0 and std 1 (the 0-1 scale): x - 0 and x / 1 give x
+ * back exactly, so the division by 255 alone gives the table's bits. */
+#define NETCL_RESIZE_SCALE01(v) _mm256_div_ps(_mm256_cvtepi32_ps(v), f255)
+
+/* Sixteen output samples at w of one channel's row, from `pairs` pairs of
+ * ring rows (a constant in the callers: the loop unrolls): the weights' high
+ * and low halves multiplied by the interleaved rows with vpmaddwd, summed,
+ * rounded, and stored as uint8 (`to_float` 0), or as float32 normalised (1)
+ * or on the 0-1 scale (2). The sums are never negative (non-negative weights
+ * times bytes, plus one half), so only the top is clamped. */
+#define NETCL_RESIZE_V16(pairs, to_float)                                                       \
+    do {                                                                                        \
+        __m256i h0 = _mm256_setzero_si256(), l0 = h0, h1 = h0, l1 = h0;                         \
+        for (int q = 0; q < (pairs); q++) {                                                     \
+            const __m128i a = _mm_loadu_si128((const __m128i *)(const void *)(ra[q] + co + w)); \
+            const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(rb[q] + co + w)); \
+            const __m256i v0 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a, b));                  \
+            const __m256i v1 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(a, b));                  \
+            h0 = _mm256_add_epi32(h0, _mm256_madd_epi16(v0, whi[q]));                           \
+            l0 = _mm256_add_epi32(l0, _mm256_madd_epi16(v0, wlo[q]));                           \
+            h1 = _mm256_add_epi32(h1, _mm256_madd_epi16(v1, whi[q]));                           \
+            l1 = _mm256_add_epi32(l1, _mm256_madd_epi16(v1, wlo[q]));                           \
+        }                                                                                       \
+        __m256i s0 = _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(h0, 11), l0), half);   \
+        __m256i s1 = _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(h1, 11), l1), half);   \
+        s0 = _mm256_srai_epi32(s0, NETCL_RESIZE_BITS);                                          \
+        s1 = _mm256_srai_epi32(s1, NETCL_RESIZE_BITS);                                          \
+        if (!(to_float)) {                                                                      \
+            /* packs works per 128-bit lane: put the 16 values back in order. */                \
+            __m256i p16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(s0, s1), 0xD8);           \
+            __m256i p8 = _mm256_permute4x64_epi64(_mm256_packus_epi16(p16, p16), 0x08);         \
+            _mm_storeu_si128((__m128i *)(void *)((uint8_t *)dst + at + w),                      \
+                             _mm256_castsi256_si128(p8));                                       \
+        } else {                                                                                \
+            s0 = _mm256_min_epi32(s0, top);                                                     \
+            s1 = _mm256_min_epi32(s1, top);                                                     \
+            if ((to_float) == 2) {                                                              \
+                _mm256_storeu_ps((float *)dst + at + w, NETCL_RESIZE_SCALE01(s0));              \
+                _mm256_storeu_ps((float *)dst + at + w + 8, NETCL_RESIZE_SCALE01(s1));          \
+            } else {                                                                            \
+                _mm256_storeu_ps((float *)dst + at + w, NETCL_RESIZE_NORMALISE(s0));            \
+                _mm256_storeu_ps((float *)dst + at + w + 8, NETCL_RESIZE_NORMALISE(s1));        \
+            }                                                                                   \
+        }                                                                                       \
+    } while (0)
 
 NETCL_RESIZE_AVX2 static void netcl_resize_vrow_avx2(const netcl_resize_axis *y, int i,
                                                      const uint8_t *ring, int ring_rows,
@@ -564,33 +723,40 @@ NETCL_RESIZE_AVX2 static void netcl_resize_vrow_avx2(const netcl_resize_axis *y,
         const size_t co = (size_t)c * (size_t)out_w;
         const ptrdiff_t at = (ptrdiff_t)c * plane + (ptrdiff_t)i * row;
         const float *table = lut == NULL ? NULL : lut + (size_t)c * NETCL_RESIZE_LUT_SIZE;
+        const float *norm =
+            lut == NULL ? NULL : lut + NETCL_RESIZE_CHANNELS * NETCL_RESIZE_LUT_SIZE;
+        const __m256 f255 = _mm256_set1_ps(255.0f);
+        const __m256 fmean = _mm256_set1_ps(norm == NULL ? 0.0f : norm[c]);
+        const __m256 fstd = _mm256_set1_ps(norm == NULL ? 1.0f : norm[NETCL_RESIZE_CHANNELS + c]);
         int w = 0;
-        for (; w + 16 <= out_w; w += 16) {
-            __m256i h0 = _mm256_setzero_si256(), l0 = h0, h1 = h0, l1 = h0;
-            for (int q = 0; q < pairs; q++) {
-                const __m128i a = _mm_loadu_si128((const __m128i *)(const void *)(ra[q] + co + w));
-                const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(rb[q] + co + w));
-                const __m256i v0 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a, b));
-                const __m256i v1 = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(a, b));
-                h0 = _mm256_add_epi32(h0, _mm256_madd_epi16(v0, whi[q]));
-                l0 = _mm256_add_epi32(l0, _mm256_madd_epi16(v0, wlo[q]));
-                h1 = _mm256_add_epi32(h1, _mm256_madd_epi16(v1, whi[q]));
-                l1 = _mm256_add_epi32(l1, _mm256_madd_epi16(v1, wlo[q]));
-            }
-            __m256i s0 = _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(h0, 11), l0), half);
-            __m256i s1 = _mm256_add_epi32(_mm256_add_epi32(_mm256_slli_epi32(h1, 11), l1), half);
-            s0 = _mm256_min_epi32(_mm256_max_epi32(_mm256_srai_epi32(s0, NETCL_RESIZE_BITS), zero), top);
-            s1 = _mm256_min_epi32(_mm256_max_epi32(_mm256_srai_epi32(s1, NETCL_RESIZE_BITS), zero), top);
-            if (table == NULL) {
-                /* packs works per 128-bit lane: put the 16 values back in order. */
-                __m256i p16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(s0, s1), 0xD8);
-                __m256i p8 = _mm256_permute4x64_epi64(_mm256_packus_epi16(p16, p16), 0x08);
-                _mm_storeu_si128((__m128i *)(void *)((uint8_t *)dst + at + w),
-                                 _mm256_castsi256_si128(p8));
-            } else {
-                _mm256_storeu_ps((float *)dst + at + w, _mm256_i32gather_ps(table, s0, 4));
-                _mm256_storeu_ps((float *)dst + at + w + 8, _mm256_i32gather_ps(table, s1, 4));
-            }
+        /* Constant pair counts for the usual cases (enlarging: 1; shrinking
+         * up to 2x: 2) so that the tap loop unrolls, and the output kind
+         * chosen outside the loop: uint8 (0), normalised float32 (1), or
+         * float32 on the 0-1 scale (2: mean 0 and std 1). */
+        const int kind = table == NULL ? 0
+                         : (norm[c] == 0.0f && norm[NETCL_RESIZE_CHANNELS + c] == 1.0f ? 2 : 1);
+        switch (pairs * 4 + kind) {
+        case 4:
+            for (; w + 16 <= out_w; w += 16) NETCL_RESIZE_V16(1, 0);
+            break;
+        case 5:
+            for (; w + 16 <= out_w; w += 16) NETCL_RESIZE_V16(1, 1);
+            break;
+        case 6:
+            for (; w + 16 <= out_w; w += 16) NETCL_RESIZE_V16(1, 2);
+            break;
+        case 8:
+            for (; w + 16 <= out_w; w += 16) NETCL_RESIZE_V16(2, 0);
+            break;
+        case 9:
+            for (; w + 16 <= out_w; w += 16) NETCL_RESIZE_V16(2, 1);
+            break;
+        case 10:
+            for (; w + 16 <= out_w; w += 16) NETCL_RESIZE_V16(2, 2);
+            break;
+        default:
+            for (; w + 16 <= out_w; w += 16) NETCL_RESIZE_V16(pairs, kind);
+            break;
         }
         for (; w + 8 <= out_w; w += 8) {
             __m256i acc = half;
@@ -607,7 +773,7 @@ NETCL_RESIZE_AVX2 static void netcl_resize_vrow_avx2(const netcl_resize_axis *y,
                 _mm_storel_epi64((__m128i *)(void *)((uint8_t *)dst + at + w),
                                  _mm_packus_epi16(p16, p16));
             } else {
-                _mm256_storeu_ps((float *)dst + at + w, _mm256_i32gather_ps(table, acc, 4));
+                _mm256_storeu_ps((float *)dst + at + w, NETCL_RESIZE_NORMALISE(acc));
             }
         }
         for (; w < out_w; w++) {
@@ -623,6 +789,9 @@ NETCL_RESIZE_AVX2 static void netcl_resize_vrow_avx2(const netcl_resize_axis *y,
         }
     }
 }
+#undef NETCL_RESIZE_V16
+#undef NETCL_RESIZE_NORMALISE
+#undef NETCL_RESIZE_SCALE01
 #endif /* NETCL_RESIZE_X86 */
 
 /* Streaming state: feed source rows y->first, y->first + 1, ... in order. */
@@ -632,7 +801,8 @@ typedef struct {
     int32_t *acc;
     int16_t *hcoef; /* expanded horizontal table (vector path) */
     uint8_t *pad;   /* one packed RGB source row with NETCL_RESIZE_PAD spare bytes */
-    int groups;     /* groups of four taps per output pixel (vector path) */
+    int groups;     /* groups of four taps per output pixel (vector path); 0: at most
+                     * two taps, netcl_resize_hrow2_avx2's pair layout */
     int simd;
     int ring_rows;
     int fed;    /* source rows fed so far (relative to y->first) */
@@ -662,6 +832,9 @@ static inline void netcl_resize_stream_init(netcl_resize_stream *s, const netcl_
     /* Groups of four taps from the largest actual count: a box shrunk by
      * less than 1.5x has at most 4 taps (one group) although ksize is 5. */
     s->groups = (x->max_count + 3) / 4;
+    if (x->max_count <= 2) {
+        s->groups = 0; /* two taps at most (any enlargement): netcl_resize_hrow2_avx2 */
+    }
     s->acc = (int32_t *)work;
     s->hcoef = (int16_t *)(s->acc + out_w + 1);
     s->ring = (uint8_t *)(s->hcoef + netcl_resize_hcoef_count(x->ksize, out_w));
@@ -678,7 +851,26 @@ static inline void netcl_resize_stream_init(netcl_resize_stream *s, const netcl_
     s->dst_plane = plane;
     s->dst_col = 1;
     s->col_row = NULL;
-    if (s->simd) {
+    if (s->simd && s->groups == 0) {
+        /* Per pair of output pixels (i, i + 1): 16 high halves, then 16 low
+         * halves, pixel i's [k0 k1 k0 k1 k0 k1 0 0] in the first 8 of each,
+         * pixel i + 1's (zero past the last pixel) in the next 8. */
+        const size_t count = (size_t)(out_w + 1) / 2 * 32;
+        for (size_t j = 0; j < count; j++) {
+            s->hcoef[j] = 0;
+        }
+        for (int i = 0; i < out_w; i++) {
+            int16_t *e = s->hcoef + (size_t)(i / 2) * 32 + (size_t)(i % 2) * 8;
+            const int32_t *k = x->coef + (size_t)i * (size_t)x->ksize;
+            for (int t = 0; t < x->count[i]; t++) {
+                const int32_t w = k[t] < 0 ? 0 : k[t]; /* never negative for the triangle */
+                for (int c = 0; c < NETCL_RESIZE_CHANNELS; c++) {
+                    e[2 * c + t] = (int16_t)(w >> 11);
+                    e[2 * c + t + 16] = (int16_t)(w & 2047);
+                }
+            }
+        }
+    } else if (s->simd) {
         /* Per output pixel and group of taps t..t+3: 16 high halves, then 16
          * low halves, in the lane order of the byte shuffle. */
         const size_t per = (size_t)s->groups * 32;
@@ -802,7 +994,9 @@ static inline void netcl_resize_stream_row(netcl_resize_stream *s, const uint8_t
     uint8_t *slot = s->ring + (size_t)(s->fed % s->ring_rows) * NETCL_RESIZE_CHANNELS
                               * (size_t)s->x->out_size;
 #if NETCL_RESIZE_X86
-    if (s->simd) {
+    if (s->simd && s->groups == 0) {
+        netcl_resize_hrow2_avx2(s->x, s->hcoef, src, s->flip, slot);
+    } else if (s->simd) {
         netcl_resize_hrow_avx2(s->x, s->hcoef, s->groups, src, s->flip, slot);
     } else
 #endif

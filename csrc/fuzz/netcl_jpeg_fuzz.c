@@ -36,7 +36,7 @@
 #define GUARD_BYTE 0xA5
 
 static netcl_jpeg *decoder;
-static float lut[NETCL_RESIZE_CHANNELS * NETCL_RESIZE_LUT_SIZE];
+static float lut[NETCL_RESIZE_LUT_FLOATS];
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 8) {

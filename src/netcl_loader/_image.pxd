@@ -6,6 +6,7 @@ from libc.stdint cimport int32_t, uint8_t
 
 cdef extern from "netcl_resize.h" nogil:
     enum: NETCL_RESIZE_LUT_SIZE
+    enum: NETCL_RESIZE_LUT_FLOATS
     enum: NETCL_RESIZE_CHANNELS
     # How far (source pixels) a box edge may stick out of the image and still
     # be accepted (then clamped).

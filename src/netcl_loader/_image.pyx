@@ -297,7 +297,7 @@ def resize_into(const uint8_t[:, :, :] src, box, out, flip=False, mean=None, std
     """
     cdef ResizeArgs a
     cdef Py_ssize_t height = src.shape[0], width = src.shape[1]
-    cdef float lut[NETCL_RESIZE_CHANNELS * NETCL_RESIZE_LUT_SIZE]
+    cdef float lut[NETCL_RESIZE_LUT_FLOATS]
     cdef netcl_resize_axis ax, ay
     cdef int kx, ky
     cdef size_t table_bytes, work_bytes

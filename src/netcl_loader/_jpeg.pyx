@@ -15,7 +15,7 @@ from libc.stdint cimport uint8_t
 from netcl_loader._image cimport (
     NETCL_RESIZE_BOX_TOLERANCE,
     NETCL_RESIZE_CHANNELS,
-    NETCL_RESIZE_LUT_SIZE,
+    NETCL_RESIZE_LUT_FLOATS,
     ResizeArgs,
     check_resize_args,
     netcl_resize_build_lut,
@@ -107,7 +107,7 @@ cdef class Decoder:
     """
     cdef netcl_jpeg *_d
     cdef bint _busy
-    cdef float _lut[NETCL_RESIZE_CHANNELS * NETCL_RESIZE_LUT_SIZE]
+    cdef float _lut[NETCL_RESIZE_LUT_FLOATS]
     cdef float _lut_mean[3]
     cdef float _lut_std[3]
     cdef bint _lut_ready
