@@ -278,11 +278,15 @@ def grain_rows(path, workers, count, limit_tokens):
     tokens = used = 0
     t0 = time.perf_counter()
     for _ in range(count):
-        b = next(it)
+        # Its documents (truncated to SEQ_LEN, split between its workers) can
+        # end before `count` batches: the rate is over the batches it made.
+        b = next(it, None)
+        if b is None:
+            break
         tokens += b["input_ids"].size
         used += int((b["input_ids_segment_ids"] != 0).sum())
     rate = tokens / (time.perf_counter() - t0)
-    return rate, 1 - used / tokens, None
+    return rate, 1 - used / max(tokens, 1), None
 
 
 def hf_flattening(path, workers, count, limit_tokens):

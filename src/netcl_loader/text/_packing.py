@@ -4,7 +4,7 @@ A batch is a dict of ``input_ids``, ``labels``, ``position_ids`` (int64,
 ``(rows, length)``), ``cu_seqlens`` (int32) and ``max_seqlen`` (int64, 0-d).
 Every array comes from the caller's ``alloc`` (the loader's ring slot: the
 variable-length ``cu_seqlens`` and a flattened batch's rows grow the slot
-when they do not fit).  The packing is whole-array NumPy work, done once;
+when they do not fit).  The packing is NumPy work, done once per epoch;
 the batch's layout (tokens widened to int64, labels, positions, segment
 starts) is one compiled pass per row or piece, from views of the
 memory-mapped files (:func:`netcl_loader._collate.token_batch`).
